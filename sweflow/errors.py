@@ -1,0 +1,65 @@
+"""Domain exceptions. Every message is one line naming the file, item/row and field, and what to do."""
+
+from __future__ import annotations
+
+
+class SweflowError(Exception):
+    """Base of every user-facing error; the CLI prints its message on one line and exits non-zero."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        row: int | str | None = None,
+        field: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.problem = problem
+        self.file = file
+        self.row = row
+        self.field = field
+        self.hint = hint
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        parts = []
+        if self.file is not None:
+            parts.append(str(self.file))
+        if self.row is not None:
+            parts.append(f"row {self.row}")
+        if self.field is not None:
+            parts.append(f"field {self.field!r}")
+        head = ": ".join(parts)
+        msg = f"{head}: {self.problem}" if head else self.problem
+        if self.hint:
+            msg += f" ({self.hint})"
+        return " ".join(msg.split("\n"))
+
+
+class ConfigError(SweflowError):
+    """The configuration is invalid."""
+
+
+class DatasetError(SweflowError):
+    """A dataset file, revision or row is invalid or unreachable."""
+
+
+class HarnessError(SweflowError):
+    """The evaluation harness cannot build a script or parser for a task."""
+
+
+class SandboxError(SweflowError):
+    """A sandbox or template operation failed."""
+
+
+class ProxyError(SweflowError):
+    """The token-recording proxy rejected a request or its engine failed."""
+
+
+class EvalError(SweflowError):
+    """A patch evaluation failed for reasons other than the tests."""
+
+
+class ProvenanceError(SweflowError):
+    """A provenance record is missing or does not match its artifact."""

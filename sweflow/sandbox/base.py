@@ -1,0 +1,158 @@
+"""The sandbox provider interface shared by the local, Docker and E2B backends."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import SandboxError
+
+OUTPUT_TAIL_CHARS = 64_000
+BLACKBOX_PORT = 31000
+
+
+def tail(text: str, limit: int = OUTPUT_TAIL_CHARS) -> str:
+    """Keep the last `limit` characters of a command's output."""
+    return text if len(text) <= limit else text[-limit:]
+
+
+@dataclass
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class BackgroundCommand(Protocol):
+    """A command started in the background inside a sandbox."""
+
+    def poll(self) -> CommandResult | None:
+        """None while running; the result (bounded output tails) once it has finished."""
+
+    def kill(self) -> None: ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    id: str
+    template: str
+
+    def run(
+        self,
+        cmd: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        """Run `cmd` through bash; a non-zero exit is a result, not an exception. Provider faults raise SandboxError."""
+
+    def start(
+        self, cmd: str, *, env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> BackgroundCommand: ...
+
+    def write_file(self, path: str, data: bytes | str, *, timeout: float = 60) -> None: ...
+
+    def read_file(self, path: str, *, timeout: float = 60) -> bytes: ...
+
+    def port_url(self, port: int) -> str:
+        """The base URL (scheme://host:port) at which the caller reaches `port` inside the sandbox."""
+
+    def kill(self) -> None:
+        """Stop the sandbox and free its resources; idempotent."""
+
+    def __enter__(self) -> Sandbox: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@dataclass
+class TemplateRecord:
+    """What a template build produced: one record per image, written by the build_template rule."""
+
+    image: str
+    provider: str
+    template: str
+    spec_hash: str
+    build_id: str = ""
+    digest: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    name: str
+
+    def create(
+        self,
+        template: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> Sandbox:
+        """Start a sandbox from a built template; `timeout` bounds the sandbox's lifetime in seconds."""
+
+
+class SandboxBase:
+    """Shared lifetime handling: context manager, idempotent kill, kill on interpreter exit."""
+
+    _live: weakref.WeakSet = weakref.WeakSet()
+    _lock = threading.Lock()
+
+    def __init__(self, sid: str, template: str) -> None:
+        self.id = sid
+        self.template = template
+        self._killed = False
+        with SandboxBase._lock:
+            SandboxBase._live.add(self)
+
+    def _kill(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        with SandboxBase._lock:
+            if self._killed:
+                return
+            self._killed = True
+            SandboxBase._live.discard(self)
+        self._kill()
+
+    @property
+    def killed(self) -> bool:
+        return self._killed
+
+    def _check_alive(self) -> None:
+        if self._killed:
+            raise SandboxError("sandbox was already killed", file=self.template, row=self.id)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+@atexit.register
+def _kill_all_live_sandboxes() -> None:
+    for sb in list(SandboxBase._live):
+        try:
+            sb.kill()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass

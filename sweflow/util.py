@@ -1,0 +1,243 @@
+"""The one place for shared mechanisms: atomic writes, hashing, stable JSON, subprocess, retries, logging."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+log = logging.getLogger("sweflow")
+
+
+def stable_json(obj: Any, *, indent: int | None = 2) -> str:
+    """Byte-stable JSON: sorted keys, no NaN, trailing newline when indented."""
+    text = json.dumps(obj, sort_keys=True, indent=indent, ensure_ascii=False, allow_nan=False)
+    return text + "\n" if indent is not None else text
+
+
+def jsonl_line(obj: Any) -> str:
+    """One compact, key-sorted JSON line (with newline)."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int | None = None) -> Path:
+    """Write a file via a temp file in the same folder and rename, so no partial output is ever left."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Atomically write byte-stable JSON."""
+    return atomic_write(path, stable_json(obj))
+
+
+def write_if_changed(path: str | os.PathLike, data: bytes | str) -> bool:
+    """Atomically write only when the bytes differ, keeping the mtime of unchanged files. Returns True if written."""
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    if path.exists() and path.read_bytes() == payload:
+        return False
+    atomic_write(path, payload)
+    return True
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
+    """Context manager yielding a file handle on a temp file that is renamed onto `path` on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+            yield fh
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def sha256_bytes(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_tree(path: str | os.PathLike) -> str:
+    """Hash of a folder: sorted relative paths and file hashes (a file hashes as itself)."""
+    p = Path(path)
+    if p.is_file():
+        return sha256_file(p)
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.rglob("*") if x.is_file()):
+        h.update(f.relative_to(p).as_posix().encode() + b"\0" + sha256_file(f).encode() + b"\n")
+    return h.hexdigest()
+
+
+def run_cmd(
+    cmd: list[str] | str,
+    *,
+    timeout: float,
+    cwd: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+    input: bytes | str | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess:
+    """Run a command with a mandatory timeout, capturing output as text. Kills the whole group on timeout."""
+    shell = isinstance(cmd, str)
+    proc = subprocess.Popen(
+        cmd,
+        shell=shell,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    data = input.encode() if isinstance(input, str) else input
+    try:
+        out, err = proc.communicate(data, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
+    res = subprocess.CompletedProcess(
+        cmd, proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    )
+    if check and res.returncode != 0:
+        raise subprocess.CalledProcessError(res.returncode, cmd, res.stdout, res.stderr)
+    return res
+
+
+def retry(
+    fn: Callable[[], T],
+    *,
+    attempts: int = 3,
+    backoff: float = 1.0,
+    max_backoff: float = 30.0,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
+    give_up_on: tuple[type[BaseException], ...] = (),
+    what: str = "operation",
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call fn up to `attempts` times with exponential backoff and jitter; re-raise the last error."""
+    last: BaseException | None = None
+    for i in range(1, attempts + 1):
+        try:
+            return fn()
+        except give_up_on:
+            raise
+        except retry_on as exc:
+            last = exc
+            if i == attempts:
+                break
+            delay = min(max_backoff, backoff * 2 ** (i - 1)) * (0.5 + random.random() / 2)
+            log.warning("%s failed (attempt %d/%d): %s; retrying in %.1fs", what, i, attempts, exc, delay)
+            sleep(delay)
+    assert last is not None
+    raise last
+
+
+SECRET_ENV_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def secret_values(env: dict[str, str] | None = None) -> list[str]:
+    """Values of environment variables that look like secrets (long enough to be worth redacting)."""
+    env = dict(os.environ) if env is None else env
+    out = []
+    for k, v in env.items():
+        if any(m in k.upper() for m in SECRET_ENV_MARKERS) and v and len(v) >= 8:
+            out.append(v)
+    return sorted(set(out), key=len, reverse=True)
+
+
+def redact(text: str, secrets: Iterable[str] | None = None) -> str:
+    """Replace every secret value in text with a placeholder."""
+    for s in secret_values() if secrets is None else secrets:
+        if s:
+            text = text.replace(s, "***REDACTED***")
+    return text
+
+
+def is_secret_key(name: str) -> bool:
+    return any(m in name.upper() for m in SECRET_ENV_MARKERS)
+
+
+class _RedactingFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        red = redact(msg)
+        if red != msg:
+            record.msg, record.args = red, None
+        return True
+
+
+def setup_logging(log_path: str | os.PathLike | None = None, level: int = logging.INFO) -> logging.Logger:
+    """Log to stderr and optionally to a file (a rule's `log:`), redacting secrets."""
+    root = logging.getLogger("sweflow")
+    root.setLevel(level)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_path, mode="w", encoding="utf-8"))
+    for h in handlers:
+        h.setFormatter(fmt)
+        h.addFilter(_RedactingFilter())
+        root.addHandler(h)
+    root.propagate = False
+    return root
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
