@@ -1,0 +1,35 @@
+# The README's two commands: `make run` (set up + run the pipeline on the embedded default config)
+# and `make test` (set up + run the whole test suite). Both are idempotent.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup system run test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# pin the CPU build of torch first so no multi-GB CUDA build is pulled in
+	$(PY) -m pip install -q 'torch==2.13.0'
+	$(PY) -m pip install -q -e '.[harness,sandbox,model,test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+system:
+	bash .ci/system.sh
+
+run: setup system
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --profile profiles/local
+
+test: setup system
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS) tests
+
+lint: setup
+	$(VENV)/bin/ruff check sweflow tests scripts benchmarks
+	$(VENV)/bin/ruff format --check sweflow tests scripts benchmarks
+	$(VENV)/bin/snakefmt --check Snakefile rules
+	$(VENV)/bin/snakemake --lint --workflow-profile none
+
+clean:
+	rm -rf results resources/datasets logs .snakemake

@@ -1,0 +1,22 @@
+# sweflow: SWE task datasets -> sandbox templates -> training JSONL -> (validation, rollouts, training).
+# Logic lives in the `sweflow` library; rules only wire files together. See README.md.
+
+
+configfile: "config/config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/sandbox.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        jsonl=expand("results/{dataset}/{split}.jsonl", dataset=DATASET, split=SPLITS),
+        template_map=f"results/{DATASET}/template-map.json",
+        smoke=f"results/{DATASET}/smoke-{PROVIDER}.json",
+
+
+onsuccess:
+    write_run_manifest()

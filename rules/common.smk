@@ -1,0 +1,66 @@
+import json
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+validate(config, schema="../config/schema.yaml", set_default=True)
+
+DATASET = config["dataset"]["name"]
+SPLITS = list(config["dataset"]["splits"])
+PROVIDER = config["sandbox"]["provider"]
+
+
+wildcard_constraints:
+    dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    split=r"[A-Za-z0-9_-]+",
+    key=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    provider=r"local|docker|e2b",
+
+
+def split_file(wildcards):
+    return config["dataset"]["splits"][wildcards.split]["file"]
+
+
+def expected_rows(wildcards):
+    return config["dataset"]["splits"][wildcards.split].get("rows")
+
+
+def revision_sha(wildcards):
+    """The resolved commit sha: a param of the download, so a new upstream commit re-runs only its dependents."""
+    path = checkpoints.resolve_dataset.get(dataset=wildcards.dataset).output.revision
+    with open(path) as fh:
+        return json.load(fh)["sha"]
+
+
+def image_keys(wildcards):
+    """Per-image keys, known once the list_images checkpoint has run."""
+    from sweflow.stages import image_keys_from_listing
+
+    listing = checkpoints.list_images.get(dataset=wildcards.dataset).output.listing
+    return image_keys_from_listing(listing)
+
+
+def template_records(wildcards):
+    return expand(
+        "results/{dataset}/templates/{provider}/{key}.json",
+        dataset=wildcards.dataset,
+        provider=PROVIDER,
+        key=image_keys(wildcards),
+    )
+
+
+def smoke_markers(wildcards):
+    return expand(
+        "results/{dataset}/smoke/{provider}/{key}.json",
+        dataset=wildcards.dataset,
+        provider=wildcards.provider,
+        key=image_keys(wildcards),
+    )
+
+
+def write_run_manifest():
+    from sweflow.provenance import write_manifest
+
+    write_manifest(f"results/{DATASET}/manifest.json", root=".")

@@ -1,0 +1,117 @@
+# Data stage: Hub revision -> parquet -> validated split -> per-image records -> training JSONL.
+
+
+checkpoint resolve_dataset:
+    output:
+        revision="resources/datasets/{dataset}/revision.json",
+    params:
+        repo_id=config["dataset"]["repo_id"],
+        repo_type=config["dataset"]["repo_type"],
+        revision=config["dataset"]["revision"],
+        endpoint=config["dataset"]["hub"]["endpoint"],
+        offline_dir=config["dataset"]["hub"]["offline_dir"],
+        timeout=config["dataset"]["hub"]["timeout_sec"],
+    log:
+        "logs/{dataset}/resolve_dataset.log",
+    localrule: True
+    conda:
+        "../envs/data.yaml"
+    script:
+        "../scripts/resolve_dataset.py"
+
+
+rule download:
+    input:
+        revision="resources/datasets/{dataset}/revision.json",
+    output:
+        parquet="resources/datasets/{dataset}/{split}.parquet",
+    params:
+        sha=revision_sha,
+        filename=split_file,
+        endpoint=config["dataset"]["hub"]["endpoint"],
+        offline_dir=config["dataset"]["hub"]["offline_dir"],
+        attempts=config["dataset"]["hub"]["download_attempts"],
+        timeout=config["dataset"]["hub"]["timeout_sec"],
+    log:
+        "logs/{dataset}/download/{split}.log",
+    retries: 1
+    localrule: True
+    conda:
+        "../envs/data.yaml"
+    script:
+        "../scripts/download.py"
+
+
+rule validate_split:
+    input:
+        parquet="resources/datasets/{dataset}/{split}.parquet",
+    output:
+        report="results/{dataset}/{split}/rows.report.json",
+    params:
+        expected_rows=expected_rows,
+        shape=config["dataset"]["row_shape"],
+    log:
+        "logs/{dataset}/validate_split/{split}.log",
+    conda:
+        "../envs/data.yaml"
+    script:
+        "../scripts/validate_split.py"
+
+
+checkpoint list_images:
+    input:
+        parquets=expand("resources/datasets/{{dataset}}/{split}.parquet", split=SPLITS),
+        reports=expand("results/{{dataset}}/{split}/rows.report.json", split=SPLITS),
+    output:
+        images=directory("results/{dataset}/images"),
+        listing="results/{dataset}/images.txt",
+    params:
+        splits=SPLITS,
+        naming=config["images"],
+        shape=config["dataset"]["row_shape"],
+        limit=config["dataset"]["limit"],
+    log:
+        "logs/{dataset}/list_images.log",
+    conda:
+        "../envs/data.yaml"
+    script:
+        "../scripts/list_images.py"
+
+
+rule template_map:
+    input:
+        records=template_records,
+    output:
+        map="results/{dataset}/template-map.json",
+        failures="results/{dataset}/template-failures.json",
+    log:
+        "logs/{dataset}/template_map.log",
+    conda:
+        "../envs/data.yaml"
+    script:
+        "../scripts/template_map.py"
+
+
+rule convert:
+    input:
+        parquet="resources/datasets/{dataset}/{split}.parquet",
+        report="results/{dataset}/{split}/rows.report.json",
+        map="results/{dataset}/template-map.json",
+        failures="results/{dataset}/template-failures.json",
+    output:
+        jsonl="results/{dataset}/{split}.jsonl",
+        report="results/{dataset}/{split}.convert.json",
+    params:
+        shape=config["dataset"]["row_shape"],
+        limit=config["dataset"]["limit"],
+        provider=PROVIDER,
+        harness=config["harness"],
+        agent=config["agent"],
+        sandbox_timeout_sec=config["sandbox"]["timeout_sec"],
+        naming=config["images"],
+    log:
+        "logs/{dataset}/convert/{split}.log",
+    conda:
+        "../envs/data.yaml"
+    script:
+        "../scripts/convert.py"

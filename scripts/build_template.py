@@ -1,0 +1,8 @@
+"""Snakemake entry point: build (or reuse) the sandbox template of one task image."""
+
+from sweflow.rulekit import from_snakemake
+from sweflow.stages_sandbox import build_template_step
+
+smk = snakemake  # noqa: F821
+with from_snakemake(smk, f"{smk.scriptdir}/build_template.py"):
+    build_template_step(smk.input.image, smk.output.record, provider=smk.wildcards.provider, cfg=smk.params.sandbox)

@@ -1,0 +1,30 @@
+"""Snakemake entry point: convert one split to the training JSONL."""
+
+from sweflow.rulekit import from_snakemake
+from sweflow.stages import convert, convert_options, harness_from_config
+
+smk = snakemake  # noqa: F821
+with from_snakemake(smk, f"{smk.scriptdir}/convert.py"):
+    p = smk.params
+    harness = harness_from_config(p.harness["package"], p.harness["extra_repos"], p.harness["extra_parsers"])
+    opts = convert_options(
+        dataset=smk.wildcards.dataset,
+        split=smk.wildcards.split,
+        provider=p.provider,
+        harness_cfg=p.harness,
+        agent_cfg=p.agent,
+        naming_cfg=p.naming,
+        sandbox_timeout_sec=p.sandbox_timeout_sec,
+        harness=harness,
+    )
+    convert(
+        smk.input.parquet,
+        smk.input.map,
+        smk.input.failures,
+        smk.output.jsonl,
+        smk.output.report,
+        opts=opts,
+        harness=harness,
+        shape=p.shape,
+        limit=p.limit,
+    )

@@ -1,0 +1,18 @@
+"""Snakemake entry point: resolve the dataset revision to a commit sha."""
+
+from sweflow.rulekit import from_snakemake
+from sweflow.stages import resolve_dataset
+
+smk = snakemake  # noqa: F821
+with from_snakemake(smk, f"{smk.scriptdir}/resolve_dataset.py") as ctx:
+    p = smk.params
+    rec = resolve_dataset(
+        smk.output.revision,
+        repo_id=p.repo_id,
+        revision=p.revision,
+        endpoint=p.endpoint,
+        offline_dir=p.offline_dir,
+        repo_type=p.repo_type,
+        timeout=p.timeout,
+    )
+    ctx["dataset"] = {"repo_id": rec["repo_id"], "revision": rec["revision"], "sha": rec["sha"]}

@@ -1,0 +1,8 @@
+"""Snakemake entry point: smoke-test one template and write its marker."""
+
+from sweflow.rulekit import from_snakemake
+from sweflow.stages_sandbox import smoke_step
+
+smk = snakemake  # noqa: F821
+with from_snakemake(smk, f"{smk.scriptdir}/smoke.py"):
+    smoke_step(smk.input.record, smk.output.marker, provider=smk.wildcards.provider, cfg=smk.params.sandbox)

@@ -1,0 +1,8 @@
+"""Snakemake entry point: aggregate per-image build records into the image -> template map."""
+
+from sweflow.rulekit import from_snakemake
+from sweflow.stages import template_map
+
+smk = snakemake  # noqa: F821
+with from_snakemake(smk, f"{smk.scriptdir}/template_map.py"):
+    template_map(list(smk.input.records), smk.output.map, smk.output.failures)

@@ -1,0 +1,14 @@
+"""Snakemake entry point: validate a whole split."""
+
+from sweflow.rulekit import from_snakemake
+from sweflow.stages import validate_split
+
+smk = snakemake  # noqa: F821
+with from_snakemake(smk, f"{smk.scriptdir}/validate_split.py"):
+    validate_split(
+        smk.input.parquet,
+        smk.output.report,
+        split=smk.wildcards.split,
+        expected_rows=smk.params.expected_rows,
+        shape=smk.params.shape,
+    )

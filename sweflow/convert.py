@@ -1,0 +1,159 @@
+"""One validated dataset row -> one training JSONL row (no gold patch anywhere)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import DatasetError, HarnessError
+from .images import ImageNaming
+from .sanitizer import sanitizer_command
+from .util import jsonl_line
+
+INTEGRITY_RULES = """
+Rules for this task:
+- Work only inside {workdir}; the repository is already checked out at the commit to fix.
+- Do not modify, add or delete test files or test configuration (tests/, test_*.py, *_test.py, conftest.py,
+  pytest.ini, tox.ini). Your change is graded by the project's own tests.
+- Do not fetch the project, its history, its issues or any patch from the network (no git clone/fetch/pull,
+  curl, wget, gh, or web tools). Solve the problem from the code in front of you.
+- Make the smallest change that fixes the problem.""".strip()
+
+GOLD_FIELDS = ("patch",)
+
+
+@dataclass
+class ConvertOptions:
+    dataset: str
+    split: str
+    provider: str
+    blackbox_type: str = "claude_code"
+    agent_mode: str = "blackbox"
+    workdir: str = "/testbed"
+    sandbox_timeout_sec: int = 3600
+    sanitizer_timeout_sec: int = 120
+    after_agent_timeout_sec: int = 1260
+    eval_timeout_sec: int = 1200
+    reward_function: str = "swegym_fresh_eval"
+    reward_marker: str = "SWEFLOW_REWARD_JSON="
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    naming: ImageNaming = field(default_factory=ImageNaming)
+    harness_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ConvertResult:
+    rows: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+
+
+def prompt_text(problem_statement: str, workdir: str) -> str:
+    return problem_statement.rstrip() + "\n\n" + INTEGRITY_RULES.format(workdir=workdir) + "\n"
+
+
+def convert_instance(
+    inst: dict[str, Any],
+    *,
+    template: str,
+    evaluator_cmd: str,
+    opts: ConvertOptions,
+) -> dict[str, Any]:
+    """Build the training row for one validated instance. `evaluator_cmd` comes from the harness layer."""
+    image = opts.naming.image_for(inst["instance_id"], inst["repo"])
+    backend = {"working_directory": opts.workdir, **opts.backend_options}
+    metadata = {
+        "agent_mode": opts.agent_mode,
+        "blackbox_type": opts.blackbox_type,
+        "instance_id": inst["instance_id"],
+        "repo": inst["repo"],
+        "version": inst["version"],
+        "base_commit": inst["base_commit"],
+        "workdir": opts.workdir,
+        "dataset": opts.dataset,
+        "split": opts.split,
+        "reward_function": opts.reward_function,
+        "reward_marker": opts.reward_marker,
+        "harness": opts.harness_info,
+        "FAIL_TO_PASS": list(inst["FAIL_TO_PASS"]),
+        "PASS_TO_PASS": list(inst["PASS_TO_PASS"]),
+        "sandbox_provider": opts.provider,
+        "sandbox_image": template,
+        "docker_image": image,
+        "sandbox_timeout_sec": opts.sandbox_timeout_sec,
+        "backend_options": backend,
+        "blackbox_execute_cmds": {
+            "before_agent": [
+                {
+                    "name": "git_sanitizer",
+                    "cmd": sanitizer_command(inst["base_commit"], opts.workdir),
+                    "required": True,
+                    "timeout": opts.sanitizer_timeout_sec,
+                }
+            ],
+            "after_agent": [
+                {
+                    "name": "harness_eval",
+                    "cmd": evaluator_cmd,
+                    "required": True,
+                    "timeout": opts.after_agent_timeout_sec,
+                }
+            ],
+        },
+    }
+    row = {
+        "prompt": [{"role": "user", "content": prompt_text(inst["problem_statement"], opts.workdir)}],
+        "label": "",
+        "metadata": metadata,
+    }
+    assert_no_gold(row, inst)
+    return row
+
+
+def assert_no_gold(row: dict[str, Any], inst: dict[str, Any]) -> None:
+    """The gold patch must never reach a training row (the test patch lives only inside the evaluator)."""
+    text = jsonl_line(row)
+    gold = (inst.get("patch") or "").strip()
+    if gold and gold in text:
+        raise DatasetError("gold patch leaked into the training row", row=inst["instance_id"], field="patch")
+
+
+def convert_split(
+    instances: Iterable[dict[str, Any]],
+    *,
+    template_map: dict[str, str],
+    failed_images: dict[str, str],
+    harness: Any,
+    opts: ConvertOptions,
+    source_file: str,
+) -> ConvertResult:
+    """Convert every instance. Images whose template build failed are skipped and reported; an image absent
+    from both the map and the failure records is an error naming the row and the image."""
+    rows, skipped = [], []
+    for i, inst in enumerate(instances):
+        image = opts.naming.image_for(inst["instance_id"], inst["repo"])
+        if image not in template_map:
+            if image in failed_images:
+                skipped.append(
+                    {"instance_id": inst["instance_id"], "image": image, "reason": failed_images[image]}
+                )
+                continue
+            raise DatasetError(
+                f"image {image!r} is missing from the template map",
+                file=source_file,
+                row=i,
+                field="sandbox_image",
+                hint="build its template or fix images.prefix",
+            )
+        try:
+            evaluator = harness.evaluator_command(
+                inst, timeout_sec=opts.eval_timeout_sec, marker=opts.reward_marker
+            )
+        except HarnessError as exc:
+            raise HarnessError(exc.problem, file=source_file, row=i, field=exc.field or "repo") from None
+        rows.append(convert_instance(inst, template=template_map[image], evaluator_cmd=evaluator, opts=opts))
+    return ConvertResult(rows=rows, skipped=skipped)
+
+
+def rows_to_jsonl(rows: Iterable[dict[str, Any]]) -> str:
+    return "".join(jsonl_line(r) for r in rows)

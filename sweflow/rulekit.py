@@ -1,0 +1,102 @@
+"""What every workflow step does around its library call: logging, timing, provenance, one-line errors.
+
+Plain data in (the rule's name, files, params), so it is usable and testable without Snakemake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import SweflowError
+from .util import setup_logging
+
+log = logging.getLogger("sweflow.rule")
+
+
+def _plain(obj: Any) -> Any:
+    """Snakemake's Namedlist/Wildcards/Params -> plain dicts/lists/str."""
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if hasattr(obj, "_names") and hasattr(obj, "items"):  # snakemake Namedlist
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+@contextlib.contextmanager
+def step(
+    rule: str,
+    *,
+    outputs: Sequence[str],
+    inputs: Sequence[str] | Mapping[str, Any] = (),
+    params: Mapping[str, Any] | None = None,
+    wildcards: Mapping[str, Any] | None = None,
+    log_file: str | None = None,
+    code: Sequence[str] = (),
+    dataset: dict[str, Any] | None = None,
+    provenance: bool = True,
+) -> Iterator[dict[str, Any]]:
+    """Run one rule's work: set up redacting logging, time it, write provenance for `outputs` on success.
+
+    A SweflowError becomes a one-line message (in the log and on stderr) and exit status 1; the caller's
+    outputs are written atomically by the library, so nothing partial is left. The yielded dict may receive
+    `dataset` (the dataset root) or `extra` from the body before the records are written.
+    """
+    setup_logging(log_file)
+    ctx: dict[str, Any] = {"dataset": dataset, "extra": None}
+    started = time.time()
+    log.info("rule %s started: %s", rule, dict(_plain(wildcards or {})))
+    try:
+        yield ctx
+    except SweflowError as exc:
+        log.error("%s", exc.one_line())
+        print(f"sweflow: {exc.one_line()}", file=sys.stderr)
+        logging.shutdown()
+        sys.exit(1)
+    ended = time.time()
+    log.info("rule %s finished in %.2fs", rule, ended - started)
+    if provenance:
+        from .provenance import write_records
+
+        input_list: Any = _plain(inputs)
+        if isinstance(input_list, dict):
+            flat: list[str] = []
+            for v in input_list.values():
+                flat.extend(v if isinstance(v, list) else [v])
+            input_list = flat
+        write_records(
+            [str(o) for o in _plain(list(outputs))],
+            rule=rule,
+            wildcards=_plain(wildcards or {}),
+            params=_plain(params or {}),
+            inputs=[str(i) for i in input_list],
+            code=[str(c) for c in code],
+            log=[log_file] if log_file else [],
+            dataset=ctx.get("dataset"),
+            started=started,
+            ended=ended,
+            extra=ctx.get("extra"),
+        )
+
+
+def from_snakemake(smk: Any, script_file: str, **kw: Any) -> contextlib.AbstractContextManager:
+    """Unpack a Snakemake `script:` object into `step(...)`."""
+    return step(
+        smk.rule,
+        outputs=list(smk.output),
+        inputs=list(smk.input),
+        params={k: v for k, v in smk.params.items()},
+        wildcards={k: v for k, v in smk.wildcards.items()},
+        log_file=smk.log[0] if len(smk.log) else None,
+        code=[script_file],
+        **kw,
+    )

@@ -1,0 +1,292 @@
+"""The data stage as plain functions: each reads its input files and atomically writes its outputs.
+
+The workflow's `scripts/` call exactly one of these; tests call them directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .datasets import (
+    apply_limit,
+    copy_offline,
+    download_file,
+    hub_endpoint_env,
+    is_sha,
+    load_split,
+    resolve_revision,
+)
+from .errors import ConfigError, DatasetError
+from .images import ImageNaming, group_by_image, image_key
+from .util import atomic_write, atomic_write_json, read_json, write_if_changed
+
+log = logging.getLogger("sweflow.stages")
+
+
+@contextlib.contextmanager
+def hub_endpoint(endpoint: str | None, *, store_root: str | os.PathLike = "resources/hub") -> Iterator[str | None]:
+    """Yield the Hub endpoint URL to use. "local" starts the bundled endpoint over `store_root` (publishing the
+    embedded sample into it first); a URL or None is passed through."""
+    if endpoint != "local":
+        yield endpoint
+        return
+    from . import hub
+
+    hub.publish_sample(store_root)
+    with hub.serve(hub.HubStore(store_root)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _env(extra: Mapping[str, str]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def resolve_dataset(
+    out: str | os.PathLike,
+    *,
+    repo_id: str,
+    revision: str,
+    endpoint: str | None,
+    offline_dir: str | None = None,
+    repo_type: str = "dataset",
+    timeout: float = 60,
+) -> dict[str, Any]:
+    """Write {repo_id, repo_type, requested revision, commit sha, source} as byte-stable JSON."""
+    if offline_dir:
+        from .util import sha256_tree
+
+        sha = revision if is_sha(revision) else "offline-" + sha256_tree(offline_dir)[:32]
+        source = "offline"
+    else:
+        with hub_endpoint(endpoint) as url, _env(hub_endpoint_env(url)):
+            sha = resolve_revision(repo_id, revision, endpoint=url, repo_type=repo_type, timeout=timeout)
+        source = "local-hub" if endpoint == "local" else (endpoint or "huggingface.co")
+    rec = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "sha": sha, "source": source}
+    write_if_changed(out, json.dumps(rec, sort_keys=True, indent=2) + "\n")
+    log.info("%s@%s -> %s", repo_id, revision, sha)
+    return rec
+
+
+def download_split(
+    out: str | os.PathLike,
+    *,
+    revision_file: str | os.PathLike,
+    filename: str,
+    endpoint: str | None,
+    offline_dir: str | None = None,
+    attempts: int = 4,
+    timeout: float = 60,
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
+    """Download one split file at the resolved sha (or copy it from the offline folder)."""
+    rev = read_json(revision_file)
+    if offline_dir:
+        return copy_offline(offline_dir, filename, out)
+    with hub_endpoint(endpoint) as url, _env(hub_endpoint_env(url)):
+        path = download_file(
+            rev["repo_id"],
+            filename,
+            rev["sha"],
+            out,
+            endpoint=url,
+            repo_type=rev.get("repo_type", "dataset"),
+            attempts=attempts,
+            timeout=timeout,
+            cache_dir=cache_dir,
+        )
+    log.info("downloaded %s/%s@%s -> %s (%d bytes)", rev["repo_id"], filename, rev["sha"][:12], out, path.stat().st_size)
+    return path
+
+
+def validate_split(
+    parquet: str | os.PathLike,
+    report_out: str | os.PathLike,
+    *,
+    split: str,
+    expected_rows: int | None,
+    shape: str = "auto",
+) -> dict[str, Any]:
+    """Validate the whole split (row count, schema, types, duplicates) and write the report."""
+    instances, report = load_split(parquet, split=split, shape=shape, expected_rows=expected_rows)
+    data = report.to_dict()
+    atomic_write_json(report_out, data)
+    log.info("split %s: %d rows valid (%s)", split, report.rows, ", ".join(f"{k}={v}" for k, v in report.repos.items()))
+    return data
+
+
+def load_validated(
+    parquets: Mapping[str, str], *, shape: str, limit: int | None, expected: Mapping[str, int | None] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Each split's instances (whole split validated, then the limit applied)."""
+    out = {}
+    for split, path in parquets.items():
+        inst, _ = load_split(path, split=split, shape=shape, expected_rows=(expected or {}).get(split))
+        out[split] = apply_limit(inst, limit)
+    return out
+
+
+def list_images(
+    images_dir: str | os.PathLike,
+    listing_out: str | os.PathLike,
+    *,
+    parquets: Mapping[str, str],
+    naming: ImageNaming,
+    shape: str = "auto",
+    limit: int | None = None,
+) -> list[str]:
+    """One byte-stable JSON per image under images_dir (unchanged files keep their mtime) + the ordered list."""
+    splits = load_validated(parquets, shape=shape, limit=limit)
+    groups: dict[str, dict[str, Any]] = {}
+    for split, instances in splits.items():
+        for image, rec in group_by_image(instances, naming).items():
+            g = groups.setdefault(image, {**rec, "instances": []})
+            g["instances"].extend({**i, "split": split} for i in rec["instances"])
+    images_dir = Path(images_dir)
+    images_dir.mkdir(parents=True, exist_ok=True)
+    keep = set()
+    for image, rec in groups.items():
+        name = f"{rec['key']}.json"
+        keep.add(name)
+        write_if_changed(images_dir / name, json.dumps(rec, sort_keys=True, indent=2) + "\n")
+    for stale in images_dir.glob("*.json"):
+        if stale.name not in keep:
+            stale.unlink()
+    images = list(groups)
+    atomic_write(listing_out, "".join(f"{img}\n" for img in images))
+    log.info("%d distinct images", len(images))
+    return images
+
+
+def image_keys_from_listing(listing: str | os.PathLike) -> list[str]:
+    return [image_key(line.strip()) for line in Path(listing).read_text().splitlines() if line.strip()]
+
+
+def template_map(
+    records: list[str], map_out: str | os.PathLike, failures_out: str | os.PathLike
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Aggregate per-image build records into {image: template} and {image: failure reason}."""
+    mapping, failures = {}, {}
+    for path in records:
+        rec = read_json(path)
+        image = rec.get("image")
+        if not image:
+            raise DatasetError("build record has no image", file=str(path), field="image")
+        if rec.get("ok", True) and rec.get("template"):
+            mapping[image] = rec["template"]
+        else:
+            failures[image] = f"{rec.get('step', 'build')}: {rec.get('error', 'unknown error')}"
+    atomic_write_json(map_out, dict(sorted(mapping.items())))
+    atomic_write_json(failures_out, dict(sorted(failures.items())))
+    log.info("template map: %d templates, %d failed builds", len(mapping), len(failures))
+    return mapping, failures
+
+
+def identity_template_record(image_file: str | os.PathLike, out: str | os.PathLike, *, provider: str) -> dict[str, Any]:
+    """For providers whose template is the task image itself: the per-image record, byte-stable."""
+    rec = read_json(image_file)
+    data = {"image": rec["image"], "provider": provider, "template": rec["image"], "ok": True, "build": "identity"}
+    atomic_write_json(out, data)
+    return data
+
+
+def harness_from_config(package: str, extra_repos: Any, extra_parsers: Mapping[str, str] | None = None):
+    """Load the harness package and merge the configured extra repo specs into its tables."""
+    from .harness import load_harness
+
+    harness = load_harness(package)
+    specs: dict[str, Any] = {}
+    parsers: dict[str, str] = dict(extra_parsers or {})
+    if extra_repos == "sample":
+        from .sample import HARNESS_PARSERS, HARNESS_SPECS
+
+        specs.update(HARNESS_SPECS)
+        parsers = {**HARNESS_PARSERS, **parsers}
+    elif isinstance(extra_repos, dict):
+        specs.update(extra_repos)
+    elif extra_repos not in (None, ""):
+        raise ConfigError(f"unknown value {extra_repos!r}", field="harness.extra_repos")
+    if specs:
+        harness.register_repos(specs, parsers)
+    return harness
+
+
+def convert(
+    parquet: str | os.PathLike,
+    map_file: str | os.PathLike,
+    failures_file: str | os.PathLike,
+    out: str | os.PathLike,
+    report_out: str | os.PathLike,
+    *,
+    opts: Any,
+    harness: Any,
+    shape: str = "auto",
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Convert one split to the training JSONL (atomic, byte-identical on rerun) and write a report."""
+    from .convert import convert_split, rows_to_jsonl
+
+    instances, _ = load_split(parquet, split=opts.split, shape=shape)
+    instances = apply_limit(instances, limit)
+    result = convert_split(
+        instances,
+        template_map=read_json(map_file),
+        failed_images=read_json(failures_file),
+        harness=harness,
+        opts=opts,
+        source_file=str(parquet),
+    )
+    atomic_write(out, rows_to_jsonl(result.rows))
+    report = {"split": opts.split, "rows": len(result.rows), "skipped": result.skipped}
+    atomic_write_json(report_out, report)
+    log.info("converted %d rows (%d skipped: failed template builds)", len(result.rows), len(result.skipped))
+    return report
+
+
+def convert_options(
+    *,
+    dataset: str,
+    split: str,
+    provider: str,
+    harness_cfg: Mapping[str, Any],
+    agent_cfg: Mapping[str, Any],
+    naming_cfg: Mapping[str, Any],
+    sandbox_timeout_sec: int,
+    harness: Any,
+):
+    """ConvertOptions from the validated config sections."""
+    from .convert import ConvertOptions
+
+    backend = dict(agent_cfg.get("backend_options", {}))
+    return ConvertOptions(
+        dataset=dataset,
+        split=split,
+        provider=provider,
+        blackbox_type=agent_cfg.get("blackbox_type", "claude_code"),
+        agent_mode=agent_cfg.get("agent_mode", "blackbox"),
+        workdir=backend.get("working_directory", "/testbed"),
+        sandbox_timeout_sec=sandbox_timeout_sec,
+        sanitizer_timeout_sec=harness_cfg.get("sanitizer_timeout_sec", 120),
+        after_agent_timeout_sec=harness_cfg.get("after_agent_timeout_sec", 1260),
+        eval_timeout_sec=harness_cfg.get("eval_timeout_sec", 1200),
+        reward_function=harness_cfg.get("reward_function", "swegym_fresh_eval"),
+        reward_marker=harness_cfg.get("reward_marker", "SWEFLOW_REWARD_JSON="),
+        backend_options=backend,
+        naming=ImageNaming.from_config(dict(naming_cfg)),
+        harness_info=harness.info() if hasattr(harness, "info") else {"package": harness_cfg.get("package")},
+    )
