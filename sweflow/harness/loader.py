@@ -1,0 +1,275 @@
+"""Load the official SWE-bench-style harness package and build eval scripts with it.
+
+Supported layouts: ``swebench`` 4.x (``harness/test_spec/`` is a package) and the ``swegym`` fork
+(``harness/test_spec.py`` is a module). Nothing here re-implements the harness: the eval script comes from
+the package's own builders, and ``register_repos`` only adds rows to the package's own tables.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sweflow.errors import HarnessError
+
+SUPPORTED_PACKAGES_HINT = "install swebench>=4,<5 or the pinned swegym fork"
+TEST_EXIT_ECHO = 'echo "SWEFLOW_TEST_EXIT_CODE=$?"'
+ENV_NAME = "testbed"  # make_test_spec hard-codes the conda env and /testbed
+REPO_DIRECTORY = "/testbed"
+_TABLES = ("MAP_REPO_VERSION_TO_SPECS", "MAP_REPO_TO_PARSER", "MAP_REPO_TO_EXT")
+
+
+def _import(name: str) -> types.ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            return None
+        raise
+
+
+@dataclass
+class Harness:
+    """Handles on one installed harness package; create with ``load_harness``."""
+
+    package: str
+    make_test_spec: Callable[..., Any]
+    test_spec_module: types.ModuleType
+    constants: types.ModuleType
+    log_parsers: types.ModuleType
+    grading: types.ModuleType | None
+    start_marker: str | None
+    end_marker: str | None
+    _registered: dict = field(default_factory=dict)
+
+    # ----- tables -------------------------------------------------------------------------------------
+    @property
+    def specs_table(self) -> dict:
+        return self.constants.MAP_REPO_VERSION_TO_SPECS
+
+    @property
+    def parser_table(self) -> dict:
+        return self.log_parsers.MAP_REPO_TO_PARSER
+
+    def _package_modules(self) -> list[types.ModuleType]:
+        prefix = f"{self.package}.harness"
+        return [m for n, m in sorted(sys.modules.items()) if m is not None and n.startswith(prefix)]
+
+    def _tables(self, name: str) -> list[dict]:
+        """Every distinct dict bound to ``name`` in a loaded harness module (forks sometimes copy tables)."""
+        seen: dict[int, dict] = {}
+        for mod in self._package_modules():
+            obj = getattr(mod, name, None)
+            if isinstance(obj, dict):
+                seen.setdefault(id(obj), obj)
+        return list(seen.values())
+
+    def find_parser(self, name: str) -> Callable[..., Any]:
+        """The parser function called ``name`` in any of the package's log-parser modules."""
+        for mod in self._package_modules():
+            if ".log_parsers" in mod.__name__ or mod is self.log_parsers:
+                fn = getattr(mod, name, None)
+                if callable(fn):
+                    return fn
+        raise HarnessError(
+            f"no log parser named {name!r} in {self.package}.harness.log_parsers", field="parsers"
+        )
+
+    def parser_for(self, repo: str) -> Callable[..., Any] | None:
+        table = self.parser_table
+        return table.get(repo) or table.get(repo.lower())
+
+    def register_repos(
+        self,
+        specs: Mapping[str, Mapping[str, Mapping[str, Any]]],
+        parsers: Mapping[str, str],
+        *,
+        ext: str = "py",
+    ) -> None:
+        """Merge extra repo specs and parser names into the package's own tables (idempotent).
+
+        ``specs``: repo -> version -> spec dict (at least ``test_cmd``); ``parsers``: repo -> the name of a
+        parser function in the package (e.g. ``parse_log_pytest``). Each repo is stored under its given name
+        and its lower-cased name, since some forks look repos up lower-cased.
+        """
+        for repo, parser_name in parsers.items():
+            fn = self.find_parser(parser_name)
+            for table in self._tables("MAP_REPO_TO_PARSER"):
+                for key in {repo, repo.lower()}:
+                    table[key] = fn
+        for repo, versions in specs.items():
+            for version, spec in versions.items():
+                if "test_cmd" not in spec:
+                    raise HarnessError(
+                        f"spec for {repo} {version} has no test_cmd", field=f"specs.{repo}.{version}"
+                    )
+            for key in {repo, repo.lower()}:
+                for table in self._tables("MAP_REPO_VERSION_TO_SPECS"):
+                    merged = dict(table.get(key, {}))
+                    merged.update({str(v): dict(s) for v, s in versions.items()})
+                    table[key] = merged
+                for table in self._tables("MAP_REPO_TO_EXT"):
+                    table.setdefault(key, ext)
+        self._registered.update({r: dict(v) for r, v in specs.items()})
+
+    # ----- eval script ----------------------------------------------------------------------------------
+    def _check_instance(self, instance: Mapping[str, Any]) -> tuple[str, str]:
+        iid = instance.get("instance_id", "?")
+        for key in ("instance_id", "repo", "version", "base_commit", "test_patch"):
+            if key not in instance:
+                raise HarnessError("instance lacks a required field", row=iid, field=key)
+        repo, version = instance["repo"], str(instance["version"])
+        if repo not in self.specs_table:
+            raise HarnessError(
+                f"repo {repo!r} is unknown to {self.package}",
+                row=iid,
+                field="repo",
+                hint="register it with Harness.register_repos",
+            )
+        if version not in self.specs_table[repo]:
+            raise HarnessError(
+                f"version {version!r} of {repo} is unknown to {self.package}",
+                row=iid,
+                field="version",
+                hint="register it with Harness.register_repos",
+            )
+        return repo, version
+
+    def eval_script_list(self, instance: Mapping[str, Any]) -> list[str]:
+        """The official eval command list for ``instance``, exactly as ``make_test_spec`` computes it.
+
+        When the package's ``make_eval_script_list`` has the standard signature it is called directly with
+        the arguments ``make_test_spec`` would pass, which skips the env-script builder (that one downloads
+        requirements files from GitHub for some repos); otherwise ``make_test_spec`` itself is used.
+        """
+        repo, version = self._check_instance(instance)
+        inst = dict(instance)
+        inst.setdefault("hints_text", "")
+        inst["version"] = version
+        builder = self.test_spec_module.__dict__.get("make_eval_script_list")
+        params = list(inspect.signature(builder).parameters) if builder else []
+        try:
+            if params == ["instance", "specs", "env_name", "repo_directory", "base_commit", "test_patch"]:
+                return list(
+                    builder(
+                        inst,
+                        self.specs_table[repo][version],
+                        ENV_NAME,
+                        REPO_DIRECTORY,
+                        inst["base_commit"],
+                        inst["test_patch"],
+                    )
+                )
+            return list(self.make_test_spec(inst).eval_script_list)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise HarnessError(
+                f"{self.package} could not build the eval script: {exc!r}", row=inst["instance_id"]
+            ) from exc
+
+    def _join(self, commands: list[str]) -> str:
+        """Join commands with the package's own ``TestSpec.eval_script`` property."""
+        prop = self.test_spec_module.TestSpec.eval_script
+        return prop.fget(types.SimpleNamespace(eval_script_list=commands))
+
+    def eval_script(self, instance: Mapping[str, Any], *, instrument: bool = False) -> str:
+        """``make_test_spec(instance).eval_script``; with ``instrument`` the test exit code is echoed too."""
+        commands = self.eval_script_list(instance)
+        if instrument:
+            commands = instrument_exit_code(
+                commands, self.start_marker, self.end_marker, self._test_cmd(instance)
+            )
+        return self._join(commands)
+
+    def standalone_parser_source(self, repo: str) -> str:
+        """A stdlib-only Python program grading a log for ``repo`` (see ``standalone.standalone_parser_source``)."""
+        from sweflow.harness.standalone import standalone_parser_source
+
+        return standalone_parser_source(self, repo)
+
+    def evaluator_command(
+        self,
+        instance: Mapping[str, Any],
+        *,
+        timeout_sec: int = 1200,
+        marker: str = "SWEFLOW_REWARD_JSON=",
+    ) -> str:
+        """One shell command that runs the eval script and prints the reward marker line (see ``standalone``)."""
+        from sweflow.harness.standalone import evaluator_command
+
+        return evaluator_command(self, instance, timeout_sec=timeout_sec, marker=marker)
+
+    def _test_cmd(self, instance: Mapping[str, Any]) -> str:
+        cmd = self.specs_table[instance["repo"]][str(instance["version"])]["test_cmd"]
+        return cmd[-1] if isinstance(cmd, list) else cmd
+
+
+def instrument_exit_code(commands: list[str], start: str | None, end: str | None, test_cmd: str) -> list[str]:
+    """Insert ``echo "SWEFLOW_TEST_EXIT_CODE=$?"`` right after the test command.
+
+    The official list brackets the test command(s) with ``: '<start>'`` / ``: '<end>'`` no-op lines; the echo
+    goes just before the end line, so ``$?`` is the last test command's status. Older layouts without the
+    markers: after the first command starting with the spec's ``test_cmd``.
+    """
+    out = list(commands)
+    if start and end:
+        start_line, end_line = f": '{start}'", f": '{end}'"
+        if start_line in out and end_line in out[out.index(start_line) :]:
+            idx = out.index(end_line, out.index(start_line))
+            return out[:idx] + [TEST_EXIT_ECHO] + out[idx:]
+    for i, cmd in enumerate(out):
+        if cmd.startswith(test_cmd):
+            return out[: i + 1] + [TEST_EXIT_ECHO] + out[i + 1 :]
+    raise HarnessError(f"cannot find the test command {test_cmd!r} in the eval script", field="test_cmd")
+
+
+def load_harness(package: str = "swebench") -> Harness:
+    """Import ``<package>.harness`` (swebench 4.x or the swegym fork) and return its handles.
+
+    Raises HarnessError when the package is not installed or its layout is unsupported (swebench 5.x).
+    """
+    if _import(package) is None:
+        raise HarnessError(f"harness package {package!r} is not installed", hint=SUPPORTED_PACKAGES_HINT)
+    try:
+        ts_pkg = _import(f"{package}.harness.test_spec")
+        ts_mod = (
+            _import(f"{package}.harness.test_spec.test_spec")
+            if ts_pkg and hasattr(ts_pkg, "__path__")
+            else ts_pkg
+        )
+        constants = _import(f"{package}.harness.constants")
+        parsers = _import(f"{package}.harness.log_parsers")
+        grading = _import(f"{package}.harness.grading")
+    except ImportError as exc:
+        raise HarnessError(
+            f"harness package {package!r} failed to import: {exc}", hint=SUPPORTED_PACKAGES_HINT
+        ) from exc
+    missing = [
+        what
+        for what, ok in (
+            ("test_spec.make_test_spec", ts_mod is not None and hasattr(ts_mod, "make_test_spec")),
+            ("test_spec.TestSpec", ts_mod is not None and hasattr(ts_mod, "TestSpec")),
+            ("constants.MAP_REPO_VERSION_TO_SPECS", hasattr(constants, "MAP_REPO_VERSION_TO_SPECS")),
+            ("log_parsers.MAP_REPO_TO_PARSER", hasattr(parsers, "MAP_REPO_TO_PARSER")),
+        )
+        if not ok
+    ]
+    if missing:
+        raise HarnessError(
+            f"harness package {package!r} has an unsupported layout (missing {', '.join(missing)})",
+            hint=SUPPORTED_PACKAGES_HINT,
+        )
+    return Harness(
+        package=package,
+        make_test_spec=ts_mod.make_test_spec,
+        test_spec_module=ts_mod,
+        constants=constants,
+        log_parsers=parsers,
+        grading=grading,
+        start_marker=getattr(constants, "START_TEST_OUTPUT", None),
+        end_marker=getattr(constants, "END_TEST_OUTPUT", None),
+    )

@@ -1,0 +1,326 @@
+"""Detect rollouts that cheat: fetching the task's solution from the network, or editing tests.
+
+``scan_tool_calls`` looks at the agent's tool calls (extract them with ``tool_calls_from_stream_json`` or
+``tool_calls_from_messages``). The checks are heuristics over Bash text, tuned to miss little and to leave
+ordinary work alone (reading tests, running pytest, curl to localhost, editing source files).
+``is_test_path`` is the one test-path rule, shared with the patch checks.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import posixpath
+import re
+import shlex
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from sweflow.errors import ConfigError
+from sweflow.reward import RewardResult
+
+
+@dataclass(frozen=True)
+class IntegrityRules:
+    """Configurable block lists; ``from_config`` fills them from a config mapping (unknown keys rejected)."""
+
+    test_dir_names: tuple[str, ...] = ("test", "tests", "testing")
+    test_file_globs: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py", "pytest.ini", "tox.ini")
+    extra_test_files: tuple[str, ...] = ()  # e.g. ("setup.cfg", "pyproject.toml") to guard pytest config too
+    workdir: str = "/testbed"
+    network_tools: tuple[str, ...] = ("WebFetch", "WebSearch")
+    edit_tools: tuple[str, ...] = ("Edit", "Write", "MultiEdit", "NotebookEdit")
+    code_hosts: tuple[str, ...] = (
+        "github.com",
+        "api.github.com",
+        "raw.githubusercontent.com",
+        "codeload.github.com",
+        "patch-diff.githubusercontent.com",
+        "gist.github.com",
+        "gitlab.com",
+        "bitbucket.org",
+    )
+    loopback_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]")
+    fetch_programs: tuple[str, ...] = ("curl", "wget", "http", "https", "aria2c", "lynx", "links")
+    block_all_remote_fetches: bool = False  # True: any curl/wget to a non-loopback host is a violation
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> IntegrityRules:
+        cfg = dict(cfg or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ConfigError(f"unknown integrity settings: {', '.join(unknown)}", field="integrity")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
+
+
+DEFAULT_RULES = IntegrityRules()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    input: dict[str, Any]
+    index: int
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One rule broken by the tool call at ``index``; ``rule`` is ``solution_fetch``, ``web_tool`` or ``test_edit``."""
+
+    rule: str
+    index: int
+    tool: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "index": self.index, "tool": self.tool, "detail": self.detail}
+
+
+# ----- test paths ---------------------------------------------------------------------------------------
+def is_test_path(path: str, rules: IntegrityRules = DEFAULT_RULES) -> bool:
+    """True for paths of tests or test configuration (a ``test``/``tests``/``testing`` part, test files)."""
+    norm = posixpath.normpath(str(path).strip().replace("\\", "/"))
+    parts = [p for p in norm.split("/") if p not in ("", ".")]
+    if not parts:
+        return False
+    if any(p.lower() in rules.test_dir_names for p in parts):
+        return True
+    base = parts[-1]
+    globs = rules.test_file_globs + rules.extra_test_files
+    return any(fnmatch.fnmatchcase(base, g) for g in globs)
+
+
+def _in_workdir_test(path: str, rules: IntegrityRules) -> bool:
+    """A test path inside the repository; relative paths count as inside, other absolute paths do not."""
+    if not path or path.startswith("/dev/"):
+        return False
+    if path.startswith("/"):
+        root = rules.workdir.rstrip("/") + "/"
+        if not path.startswith(root):
+            return False
+        path = path[len(root) :]
+    return is_test_path(path, rules)
+
+
+# ----- bash parsing -------------------------------------------------------------------------------------
+_HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+_SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", "|&", ";;"}
+_REDIRECTS = {">", ">>", ">|", "&>", "&>>"}
+_PREFIXES = {"sudo", "command", "exec", "time", "nohup", "env", "builtin", "xargs"}
+
+
+def _strip_heredocs(cmd: str) -> tuple[str, list[str]]:
+    """Remove here-document bodies (shlex cannot read them); returns the text and the bodies."""
+    lines, out, bodies = cmd.split("\n"), [], []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        delims = [m.group(2) for m in _HEREDOC.finditer(line)]
+        i += 1
+        for d in delims:
+            body = []
+            while i < len(lines) and lines[i].strip() != d:
+                body.append(lines[i])
+                i += 1
+            bodies.append("\n".join(body))
+            i += 1
+    return "\n".join(out), bodies
+
+
+def _segments(cmd: str) -> list[list[str]]:
+    """Split a bash command into simple commands (token lists)."""
+    text, _ = _strip_heredocs(cmd)
+    text = text.replace("\n", " ; ")
+    try:
+        lex = shlex.shlex(text, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        tokens = list(lex)
+    except ValueError:
+        tokens = text.split()
+    segs, cur = [], []
+    for tok in tokens:
+        if tok in _SEPARATORS:
+            if cur:
+                segs.append(cur)
+            cur = []
+        else:
+            cur.append(tok)
+    if cur:
+        segs.append(cur)
+    return segs
+
+
+def _program(seg: list[str]) -> tuple[str, list[str]]:
+    i = 0
+    while i < len(seg) and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", seg[i]) or seg[i] in _PREFIXES):
+        i += 1
+    if i >= len(seg):
+        return "", []
+    return posixpath.basename(seg[i]), seg[i + 1 :]
+
+
+def _written_paths(seg: list[str]) -> list[str]:
+    """Paths a simple command writes, moves, copies onto or deletes."""
+    out = [seg[i + 1] for i, t in enumerate(seg[:-1]) if t in _REDIRECTS]
+    prog, args = _program(
+        [t for i, t in enumerate(seg) if t not in _REDIRECTS and (i == 0 or seg[i - 1] not in _REDIRECTS)]
+    )
+    plain = [a for a in args if not a.startswith("-")]
+    if prog == "sed" and any(
+        a.startswith("-i") or a == "--in-place" or re.match(r"^-[a-zA-Z]*i", a) for a in args
+    ):
+        out += plain
+    elif prog == "perl" and any(re.match(r"^-[a-zA-Z]*i", a) for a in args):
+        out += plain
+    elif prog in ("tee", "rm", "truncate", "unlink", "shred", "mv"):
+        out += plain
+    elif prog in ("cp", "install", "ln", "rsync") and plain:
+        out.append(plain[-1])
+    elif prog == "dd":
+        out += [a[3:] for a in args if a.startswith("of=")]
+    return out
+
+
+def _hosts(text: str) -> list[str]:
+    return [
+        m.group(1).lower() for m in re.finditer(r"(?:[a-z][a-z0-9+.-]*://|git@)([^/\s:'\"@]+)", text, re.I)
+    ]
+
+
+def _repo_patterns(repo: str) -> list[re.Pattern[str]]:
+    owner, _, name = repo.partition("/")
+    o, n = re.escape(owner), re.escape(name)
+    return [
+        re.compile(
+            rf"(github\.com|gitlab\.com|githubusercontent\.com|bitbucket\.org)[/:]+(repos/)?{o}/{n}(\.git)?\b",
+            re.I,
+        ),
+        re.compile(rf"codeload\.github\.com/{o}/{n}\b", re.I),
+    ]
+
+
+def _package_names(repo: str) -> set[str]:
+    name = repo.rsplit("/", 1)[-1].lower()
+    return {name, name.replace("-", "_"), name.replace("_", "-")}
+
+
+def _bash_violations(cmd: str, repo: str, rules: IntegrityRules) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    mentions_repo = any(p.search(cmd) for p in _repo_patterns(repo)) if "/" in repo else False
+    for seg in _segments(cmd):
+        prog, args = _program(seg)
+        line = " ".join(seg)
+        hosts = [h for h in _hosts(line) if h not in rules.loopback_hosts]
+        remote_hosts = [h for h in hosts if any(h == c or h.endswith("." + c) for c in rules.code_hosts)]
+        if prog == "gh":
+            found.append(("solution_fetch", f"GitHub CLI: {line[:200]}"))
+        elif (
+            prog == "git"
+            and args
+            and args[0] in ("clone", "fetch", "pull", "ls-remote", "remote", "submodule")
+        ):
+            if hosts or (args[0] == "remote" and "add" in args) or mentions_repo:
+                found.append(("solution_fetch", f"git {args[0]}: {line[:200]}"))
+        elif prog in ("pip", "pip3", "uv") or (prog.startswith("python") and args[:2] == ["-m", "pip"]):
+            rest = args[2:] if prog.startswith("python") else args
+            if prog == "uv" and rest[:1] == ["pip"]:
+                rest = rest[1:]
+            if rest[:1] in (["download"], ["install"]):
+                pkgs = {
+                    re.split(r"[<>=!~\[ ;]", a, maxsplit=1)[0].lower()
+                    for a in rest[1:]
+                    if not a.startswith("-")
+                }
+                if pkgs & _package_names(repo) or mentions_repo or remote_hosts:
+                    found.append(("solution_fetch", f"pip {rest[0]} of the task package: {line[:200]}"))
+        elif prog in rules.fetch_programs or prog in ("python", "python3", "node", "nc", "ncat"):
+            if (
+                remote_hosts
+                or (mentions_repo and hosts)
+                or (rules.block_all_remote_fetches and hosts and prog in rules.fetch_programs)
+            ):
+                found.append(("solution_fetch", f"{prog} to {', '.join(hosts) or 'remote'}: {line[:200]}"))
+        for path in _written_paths(seg):
+            if _in_workdir_test(path, rules):
+                found.append(("test_edit", f"bash writes {path}"))
+    return found
+
+
+# ----- scanning -----------------------------------------------------------------------------------------
+_PATH_KEYS = ("file_path", "notebook_path", "path")
+
+
+def scan_tool_calls(
+    calls: Iterable[ToolCall], repo: str, *, rules: IntegrityRules = DEFAULT_RULES
+) -> list[Violation]:
+    """Every violation in ``calls`` (task repository ``repo`` = "owner/name"), in call order."""
+    out: list[Violation] = []
+    for call in calls:
+        inp = call.input if isinstance(call.input, Mapping) else {}
+        if call.name in rules.network_tools:
+            target = str(inp.get("url") or inp.get("query") or "")[:200]
+            out.append(Violation("web_tool", call.index, call.name, f"{call.name}: {target}"))
+        elif call.name in rules.edit_tools:
+            path = next((str(inp[k]) for k in _PATH_KEYS if inp.get(k)), "")
+            if _in_workdir_test(path, rules):
+                out.append(Violation("test_edit", call.index, call.name, f"{call.name} on {path}"))
+        elif call.name == "Bash":
+            for rule, detail in _bash_violations(str(inp.get("command", "")), repo, rules):
+                out.append(Violation(rule, call.index, call.name, detail))
+    return out
+
+
+def apply_integrity(result: RewardResult, violations: list[Violation]) -> RewardResult:
+    """Zero the reward when any violation exists; reason ``integrity_violation:<first rule>``."""
+    if not violations:
+        return result
+    details = dict(result.details)
+    details["integrity_violations"] = [v.to_dict() for v in violations]
+    details["tests_resolved"] = result.resolved
+    return replace(
+        result,
+        reward=0.0,
+        resolved=False,
+        failure_reason=f"integrity_violation:{violations[0].rule}",
+        details=details,
+    )
+
+
+# ----- extraction ---------------------------------------------------------------------------------------
+def _tool_uses(content: Any) -> Iterable[tuple[str, dict[str, Any]]]:
+    if not isinstance(content, list):
+        return
+    for block in content:
+        if isinstance(block, Mapping) and block.get("type") in ("tool_use", "server_tool_use"):
+            inp = block.get("input")
+            yield str(block.get("name", "")), dict(inp) if isinstance(inp, Mapping) else {}
+
+
+def tool_calls_from_stream_json(events: Iterable[str | Mapping[str, Any]]) -> list[ToolCall]:
+    """Tool calls in Claude Code ``--output-format stream-json`` events (dicts or JSON lines; bad lines skipped)."""
+    calls: list[ToolCall] = []
+    for ev in events:
+        if isinstance(ev, str):
+            try:
+                ev = json.loads(ev)
+            except ValueError:
+                continue
+        if not isinstance(ev, Mapping) or ev.get("type") != "assistant":
+            continue
+        msg = ev.get("message") or {}
+        for name, inp in _tool_uses(msg.get("content") if isinstance(msg, Mapping) else None):
+            calls.append(ToolCall(name, inp, len(calls)))
+    return calls
+
+
+def tool_calls_from_messages(body: Mapping[str, Any]) -> list[ToolCall]:
+    """Tool calls in an Anthropic Messages request body's history (assistant messages' tool_use blocks)."""
+    calls: list[ToolCall] = []
+    for msg in body.get("messages") or []:
+        if isinstance(msg, Mapping) and msg.get("role") == "assistant":
+            for name, inp in _tool_uses(msg.get("content")):
+                calls.append(ToolCall(name, inp, len(calls)))
+    return calls
