@@ -1,0 +1,134 @@
+"""Lineage of an artifact: its record, its inputs' records, and so on back to the dataset commit."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sweflow.errors import ProvenanceError
+from sweflow.provenance.records import PROVENANCE_DIR, load_record, provenance_root, record_path, relpath
+
+
+def find_root(artifact: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """The provenance root for `artifact`: `root` if given; else the cwd if it holds `.provenance/`;
+    else the nearest folder above the artifact that does. Falls back to provenance_root()."""
+    if root is not None:
+        return provenance_root(root)
+    cwd = provenance_root()
+    if (cwd / PROVENANCE_DIR).is_dir():
+        return cwd
+    for parent in Path(os.path.abspath(artifact)).parents:
+        if (parent / PROVENANCE_DIR).is_dir():
+            return parent
+    return cwd
+
+
+def lineage(artifact: str | os.PathLike, root: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The lineage tree of `artifact` as plain data (see the node keys below).
+
+    Node: path, rule, kind, sha256, size, record, wildcards, params, dataset (where the rule declared it),
+    datasets (all roots it descends from), inputs (child nodes), repeat (True when the node was already
+    shown elsewhere in the tree; its inputs are then left out). Inputs without a record are leaves with
+    record None. Raises ProvenanceError naming the artifact when it has no record.
+    """
+    base = find_root(artifact, root)
+    rel = relpath(artifact, base)
+    load_record(artifact, base)  # the artifact itself must have a record: fail early with its name
+    return _node(rel, base, seen=set(), stack=())
+
+
+def _node(rel: str, base: Path, seen: set[str], stack: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        rp = record_path(base / rel, base)
+    except ProvenanceError:
+        rp = None
+    if rp is None or not rp.is_file():
+        return {"path": rel, "record": None, "inputs": []}
+    rec = load_record(base / rel, base)
+    art = rec["artifact"]
+    node: dict[str, Any] = {
+        "path": rel,
+        "rule": rec.get("rule"),
+        "kind": art.get("kind"),
+        "sha256": art.get("sha256"),
+        "size": art.get("size"),
+        "record": rp.relative_to(base).as_posix(),
+        "wildcards": rec.get("wildcards") or {},
+        "params": rec.get("params") or {},
+        "dataset": rec.get("dataset") if rec.get("dataset_origin") == "declared" else None,
+        "datasets": rec.get("datasets") or [],
+        "inputs": [],
+        "repeat": rel in seen,
+    }
+    if node["repeat"] or rel in stack:
+        node["repeat"] = True
+        return node
+    seen.add(rel)
+    for inp in rec.get("inputs") or []:
+        if inp.get("record"):
+            child = _node(inp["path"], base, seen, (*stack, rel))
+            if child.get("sha256") and inp.get("sha256") and child["sha256"] != inp["sha256"]:
+                # The upstream record is newer than what this artifact was made from.
+                child["consumed_sha256"] = inp["sha256"]
+        else:
+            child = {"path": inp["path"], "record": None, "sha256": inp.get("sha256"), "inputs": []}
+        node["inputs"].append(child)
+    return node
+
+
+def params_summary(params: dict[str, Any], width: int = 100) -> str:
+    """`k=v` pairs on one line, values as compact JSON, long values and the whole line shortened."""
+    parts = []
+    for k in sorted(params):
+        v = params[k]
+        text = v if isinstance(v, str) else json.dumps(v, sort_keys=True, separators=(",", ":"))
+        if len(text) > 40:
+            text = text[:37] + "..."
+        parts.append(f"{k}={text}")
+    line = " ".join(parts)
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _dataset_line(d: dict[str, Any]) -> str:
+    return f"dataset {d.get('repo_id')} @ {d.get('revision')} sha {d.get('sha')}"
+
+
+def format_lineage(tree: dict[str, Any]) -> str:
+    """The lineage tree as indented text, one node per line, ending with the dataset root(s)."""
+    lines: list[str] = []
+    _format(tree, "", "", lines)
+    roots = tree.get("datasets") or []
+    if roots:
+        lines.extend("root: " + _dataset_line(d) for d in roots)
+    else:
+        lines.append("root: no dataset recorded")
+    return "\n".join(lines) + "\n"
+
+
+def _label(node: dict[str, Any]) -> str:
+    if node.get("record") is None:
+        sha = node.get("sha256")
+        return f"{node['path']}  (no record)" + (f"  {sha[:12]}" if sha else "")
+    text = f"{node['path']}  [{node.get('rule')}]  {(node.get('sha256') or '')[:12]}"
+    if node.get("consumed_sha256"):
+        text += f" (consumed {node['consumed_sha256'][:12]})"
+    if node.get("repeat"):
+        return text + "  (see above)"
+    summary = params_summary({**node.get("wildcards", {}), **node.get("params", {})})
+    return text + (f"  {summary}" if summary else "")
+
+
+def _format(node: dict[str, Any], first: str, rest: str, lines: list[str]) -> None:
+    lines.append(first + _label(node))
+    children: list[Any] = list(node.get("inputs") or [])
+    if node.get("dataset") and not node.get("repeat"):
+        children.append(_dataset_line(node["dataset"]))
+    for i, child in enumerate(children):
+        last = i == len(children) - 1
+        branch, cont = ("└── ", "    ") if last else ("├── ", "│   ")
+        if isinstance(child, str):
+            lines.append(rest + branch + child)
+        else:
+            _format(child, rest + branch, rest + cont, lines)

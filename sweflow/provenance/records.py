@@ -1,0 +1,454 @@
+"""Provenance records: one JSON file per artifact, in a parallel tree under `<root>/.provenance/`.
+
+A record says what an artifact is (sha256, size), how it was made (rule, wildcards, redacted params, the
+hash of every input and of the code, software versions), which dataset commit it descends from, and when
+and where it was made. Paths inside records are relative to the root (the Snakemake working directory), so
+a results tree can be moved or copied and still verify.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import re
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sweflow
+from sweflow.errors import ProvenanceError
+from sweflow.util import atomic_write_json, log, read_json, redact, run_cmd, secret_values, sha256_file
+
+SCHEMA = "sweflow.provenance/1"
+PROVENANCE_DIR = ".provenance"
+ROOT_ENV = "SWEFLOW_PROVENANCE_ROOT"
+REDACTED = "***REDACTED***"
+
+# Distributions whose versions matter for reproducing an artifact; absent ones are simply left out.
+SOFTWARE = (
+    "snakemake",
+    "huggingface_hub",
+    "pyarrow",
+    "pandas",
+    "swegym",
+    "swebench",
+    "e2b",
+    "docker",
+    "torch",
+    "transformers",
+)
+
+# Token formats worth catching even when the secret is not in this process's environment.
+_TOKEN_PATTERNS = re.compile(
+    r"(hf_[A-Za-z0-9]{20,}|sk-ant-[A-Za-z0-9_\-]{20,}|sk-[A-Za-z0-9]{32,}|e2b_[A-Za-z0-9]{20,}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,})"
+)
+# Parameter names that contain a secret marker (KEY, TOKEN, AUTH...) but name ordinary values in this project.
+_BENIGN_KEY_WORDS = {"tokens", "tokenizer", "tokenizers", "author", "authors", "keys", "keyword", "keywords"}
+_BENIGN_KEYS = re.compile(r"(^|_)(image|instance|sort|cache|dedup|group|partition|primary|join)_?key$", re.I)
+
+
+def provenance_root(root: str | os.PathLike | None = None) -> Path:
+    """The folder holding `.provenance/`: `root` if given, else $SWEFLOW_PROVENANCE_ROOT, else the cwd.
+
+    Snakemake runs scripts in its working directory, so the default is right inside rules.
+    """
+    if root is not None:
+        return Path(root).resolve()
+    env = os.environ.get(ROOT_ENV)
+    return Path(env).resolve() if env else Path.cwd().resolve()
+
+
+def relpath(path: str | os.PathLike, root: Path) -> str:
+    """`path` relative to `root` (posix); outside the root: absolute, with the home folder written as `~`."""
+    p = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        return p.relative_to(root).as_posix()
+    except ValueError:
+        home = Path.home()
+        try:
+            return "~/" + p.relative_to(home).as_posix()
+        except ValueError:
+            return p.as_posix()
+
+
+def resolve(path: str, root: Path) -> Path:
+    """Inverse of `relpath`: a recorded path back to a filesystem path."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else root / p
+
+
+def record_path(artifact: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
+    """Where the record of `artifact` lives: `<root>/.provenance/<artifact relative to root>.json`.
+
+    Raises ProvenanceError for an artifact outside the root (it could not be found again by relative path).
+    """
+    base = provenance_root(root)
+    rel = relpath(artifact, base)
+    if rel.startswith(("/", "~")) or rel in ("", ".") or rel.split("/")[0] == PROVENANCE_DIR:
+        raise ProvenanceError(
+            "artifact is outside the provenance root",
+            file=str(artifact),
+            hint=f"root is {base}; run from the workflow's working directory or set {ROOT_ENV}",
+        )
+    return base / PROVENANCE_DIR / (rel + ".json")
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What an artifact is now: kind ('file' or 'dir'), sha256 and size in bytes."""
+
+    kind: str
+    sha256: str
+    size: int
+
+
+def file_state(path: str | os.PathLike) -> FileState | None:
+    """Hash and size a file or folder (folders: sha256_tree order; size = sum of file sizes); None if absent."""
+    p = Path(path)
+    if p.is_file():
+        st = p.stat()
+        return _cached_file_state(str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if p.is_dir():
+        # Same digest as sweflow.util.sha256_tree, computed here so each file is read once and sizes add up.
+        import hashlib
+
+        h = hashlib.sha256()
+        size = 0
+        for f in sorted(x for x in p.rglob("*") if x.is_file()):
+            st = f.stat()
+            size += st.st_size
+            digest = _cached_file_state(str(f.resolve()), st.st_size, st.st_mtime_ns).sha256
+            h.update(f.relative_to(p).as_posix().encode() + b"\0" + digest.encode() + b"\n")
+        return FileState("dir", h.hexdigest(), size)
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_file_state(path: str, size: int, mtime_ns: int) -> FileState:
+    # Keyed on size and mtime so a file rewritten in the same process is hashed again.
+    return FileState("file", sha256_file(path), size)
+
+
+def _key_is_secret(name: str) -> bool:
+    words = [w for w in re.split(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])", str(name)) if w]
+    if _BENIGN_KEYS.search(str(name)):
+        return False
+    return any(
+        m in w.upper() and w.lower() not in _BENIGN_KEY_WORDS
+        for w in words
+        for m in ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON data from params/wildcards: paths and odd objects become strings, sets sorted lists."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        return sorted((_jsonable(v) for v in value), key=repr)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "items") and hasattr(value, "keys"):  # snakemake Namedlist and friends
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def redact_value(value: Any, secrets: Iterable[str] | None = None, *, by_key: bool = True) -> Any:
+    """Plain JSON data with secrets removed.
+
+    String values under a secret-looking key (api_key, HF_TOKEN, password...) are replaced; numbers and
+    booleans are kept (max_tokens=16000 is not a secret). Any string containing a secret value from the
+    environment, or shaped like a known token (hf_..., sk-ant-...), has it replaced.
+    """
+    secrets = secret_values() if secrets is None else list(secrets)
+    return _redact(_jsonable(value), secrets, by_key)
+
+
+def _redact(value: Any, secrets: list[str], by_key: bool) -> Any:
+    if isinstance(value, str):
+        return _TOKEN_PATTERNS.sub(REDACTED, redact(value, secrets))
+    if isinstance(value, list):
+        return [_redact(v, secrets, by_key) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            key = _redact(k, secrets, False)
+            if by_key and _key_is_secret(k) and _has_strings(v):
+                out[key] = REDACTED
+            else:
+                out[key] = _redact(v, secrets, by_key)
+        return out
+    return value
+
+
+def _has_strings(value: Any) -> bool:
+    if isinstance(value, str):
+        return True
+    if isinstance(value, list):
+        return any(_has_strings(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_strings(v) for v in value.values())
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def sweflow_tree_sha256() -> str:
+    """Hash of the installed sweflow package's files (bytecode caches excluded)."""
+    import hashlib
+
+    pkg = Path(sweflow.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*")):
+        if (
+            not f.is_file()
+            or "__pycache__" in f.parts
+            or f.suffix in (".pyc", ".pyo")
+            or f.name.endswith(".tmp")
+        ):
+            continue
+        h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + sha256_file(f).encode() + b"\n")
+    return h.hexdigest()
+
+
+def git_state(path: str | os.PathLike) -> dict[str, Any] | None:
+    """{commit, dirty} of the git checkout containing `path`; None when git or the checkout is absent.
+
+    dirty means tracked files differ from HEAD (untracked files, e.g. results, do not count).
+    """
+    p = Path(path)
+    where = p if p.is_dir() else p.parent
+    if not where.exists():
+        return None
+    try:
+        top = run_cmd(["git", "-C", str(where), "rev-parse", "--show-toplevel"], timeout=30)
+        if top.returncode != 0:
+            return None
+        return _git_state_of(top.stdout.strip())
+    except (
+        Exception
+    ) as exc:  # git missing (OSError) or hung (TimeoutExpired): provenance must not fail the job
+        log.warning("git state unavailable for %s: %s", p, exc)
+        return None
+
+
+def _git_state_of(top: str) -> dict[str, Any] | None:
+    head = run_cmd(["git", "-C", top, "rev-parse", "HEAD"], timeout=30)
+    commit = head.stdout.strip() if head.returncode == 0 else None
+    status = run_cmd(["git", "-C", top, "status", "--porcelain", "--untracked-files=no"], timeout=120)
+    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return {"commit": commit, "dirty": dirty}
+
+
+def software_versions() -> dict[str, str]:
+    """Python and the installed versions of the packages in SOFTWARE (metadata only; nothing is imported)."""
+    out = {"python": platform.python_version(), "sweflow": sweflow.__version__}
+    for dist in SOFTWARE:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def _named_paths(items: Any) -> list[tuple[str | None, str]]:
+    """(name, path) pairs from a list, a dict of path-or-list, or a snakemake Namedlist."""
+    if items is None:
+        return []
+    if isinstance(items, str | os.PathLike):
+        return [(None, os.fspath(items))]
+    if isinstance(items, Mapping):
+        pairs: list[tuple[str | None, str]] = []
+        for name, value in items.items():
+            values = [value] if isinstance(value, str | os.PathLike) else list(value)
+            pairs.extend((str(name), os.fspath(v)) for v in values)
+        return pairs
+    values = [os.fspath(v) for v in items]
+    names: dict[str, str] = {}
+    if hasattr(items, "items") and callable(items.items):  # snakemake Namedlist: names for some entries
+        for name, value in items.items():
+            for v in [value] if isinstance(value, str | os.PathLike) else list(value):
+                names.setdefault(os.fspath(v), str(name))
+    return [(names.get(v), v) for v in values]
+
+
+def load_record(artifact: str | os.PathLike, root: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The record of `artifact`; ProvenanceError naming the artifact when it has none or it is unreadable."""
+    rp = record_path(artifact, root)
+    if not rp.is_file():
+        raise ProvenanceError("no provenance record", file=str(artifact), hint=f"expected {rp}")
+    try:
+        rec = read_json(rp)
+    except (OSError, ValueError) as exc:
+        raise ProvenanceError(f"unreadable provenance record: {exc}", file=str(rp)) from None
+    if not isinstance(rec, dict) or "artifact" not in rec:
+        raise ProvenanceError("not a sweflow provenance record", file=str(rp))
+    return rec
+
+
+def _dataset_entry(dataset: Mapping[str, Any]) -> dict[str, Any]:
+    missing = [k for k in ("repo_id", "revision", "sha") if not dataset.get(k)]
+    if missing:
+        raise ProvenanceError(f"dataset is missing {', '.join(missing)}", field="dataset")
+    return {
+        "repo_id": str(dataset["repo_id"]),
+        "revision": str(dataset["revision"]),
+        "sha": str(dataset["sha"]),
+    }
+
+
+def write_records(
+    outputs: Iterable[str | os.PathLike] | Mapping[str, Any],
+    *,
+    rule: str,
+    wildcards: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+    inputs: Iterable[str | os.PathLike] | Mapping[str, Any] = (),
+    code: Iterable[str | os.PathLike] = (),
+    log: Iterable[str | os.PathLike] = (),
+    dataset: Mapping[str, Any] | None = None,
+    started: float,
+    ended: float | None = None,
+    extra: Mapping[str, Any] | None = None,
+    root: str | os.PathLike | None = None,
+) -> list[Path]:
+    """Write one provenance record per output (file or folder) and return the record paths.
+
+    Call it after the outputs are complete. `dataset` ({repo_id, revision, sha}) is given by the rule that
+    resolves the dataset; every other rule inherits it from its inputs' records. Params, wildcards and extra
+    are redacted; the record never holds a secret. Raises ProvenanceError if an output does not exist.
+    """
+    base = provenance_root(root)
+    ended = time.time() if ended is None else ended
+    secrets = secret_values()
+
+    out_paths = [p for _, p in _named_paths(outputs)]
+    out_states = {}
+    for p in out_paths:
+        st = file_state(p)
+        if st is None:
+            raise ProvenanceError("output does not exist; write it before recording it", file=p)
+        out_states[p] = st
+
+    input_entries = []
+    datasets: dict[str, dict[str, Any]] = {}
+    for name, p in _named_paths(inputs):
+        st = file_state(p)
+        entry: dict[str, Any] = {"path": relpath(p, base), "name": name}
+        entry.update(
+            {"kind": st.kind, "sha256": st.sha256, "size": st.size}
+            if st
+            else {"kind": None, "sha256": None, "size": None}
+        )
+        entry["record"] = None
+        try:
+            rp = record_path(p, base)
+        except ProvenanceError:
+            rp = None
+        if rp is not None and rp.is_file():
+            entry["record"] = rp.relative_to(base).as_posix()
+            try:
+                upstream = read_json(rp)
+                for d in upstream.get("datasets") or []:
+                    datasets[d["sha"] + d["repo_id"]] = d
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("unreadable upstream provenance record %s", rp)
+        input_entries.append(entry)
+    input_entries.sort(key=lambda e: (e["path"], e["name"] or ""))
+
+    if dataset is not None:
+        declared = _dataset_entry(dataset)
+        datasets = {declared["sha"] + declared["repo_id"]: declared}
+        origin = "declared"
+    else:
+        origin = "inherited" if datasets else None
+    dataset_list = [datasets[k] for k in sorted(datasets)]
+
+    code = [os.fspath(c) for c in code]
+    scripts = []
+    for c in code:
+        st = file_state(c)
+        scripts.append({"path": relpath(c, base), "sha256": st.sha256 if st else None})
+    code_dir = Path(code[0]) if code else base
+    code_entry = {
+        "scripts": scripts,
+        "sweflow_version": sweflow.__version__,
+        "sweflow_tree_sha256": sweflow_tree_sha256(),
+        "git": git_state(code_dir),
+    }
+
+    common = {
+        "schema": SCHEMA,
+        "rule": rule,
+        "wildcards": _jsonable(wildcards or {}),
+        "params": _jsonable(params or {}),
+        "inputs": input_entries,
+        "code": code_entry,
+        "software": software_versions(),
+        "dataset": dataset_list[0] if len(dataset_list) == 1 else None,
+        "datasets": dataset_list,
+        "dataset_origin": origin,
+        "log": sorted(relpath(p, base) for p in (os.fspath(x) for x in log)),
+        "started": _iso(started),
+        "ended": _iso(ended),
+        "duration_s": round(max(0.0, ended - started), 3),
+        "host": socket.gethostname(),
+        "extra": _jsonable(extra or {}),
+    }
+    # Keys are redacted only where they name values (params, extra); elsewhere values only.
+    common = redact_value(common, secrets, by_key=False)
+    common["params"] = redact_value(common["params"], secrets)
+    common["extra"] = redact_value(common["extra"], secrets)
+
+    written = []
+    for p in out_paths:
+        st = out_states[p]
+        rec = dict(common)
+        rec["artifact"] = {"path": relpath(p, base), "kind": st.kind, "sha256": st.sha256, "size": st.size}
+        rec["outputs"] = sorted(relpath(q, base) for q in out_paths)
+        rp = record_path(p, base)
+        atomic_write_json(rp, rec)
+        written.append(rp)
+    return written
+
+
+def record_snakemake(
+    smk: Any,
+    *,
+    code: Iterable[str | os.PathLike],
+    started: float,
+    dataset: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> list[Path]:
+    """write_records for a `script:` job: reads rule, wildcards, params, input, output and log from `snakemake`.
+
+    In a script, pass `code=[__file__]` (Snakemake points `__file__` at the original script).
+    """
+    return write_records(
+        smk.output,
+        rule=smk.rule,
+        wildcards=dict(smk.wildcards.items()),
+        params=dict(smk.params.items()),
+        inputs=smk.input,
+        code=code,
+        log=list(smk.log),
+        dataset=dataset,
+        started=started,
+        extra=extra,
+    )
