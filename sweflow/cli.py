@@ -1,0 +1,113 @@
+"""The `sweflow` command: a small argparse dispatcher over library functions.
+
+Adding a subcommand: write `def _add_<name>(sub)` that calls `sub.add_parser(...)`, adds its arguments and
+`set_defaults(func=<handler>)`, where the handler takes the parsed args and returns an exit code; then append
+it to SUBCOMMANDS. Import heavy modules inside the handler so `sweflow --help` stays fast. Raise SweflowError
+(or a subclass) for user errors: main() prints its one-line message and exits 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+import sweflow
+from sweflow.errors import SweflowError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Progress:
+    """A one-line progress bar on a terminal; per-item lines when verbose; silent otherwise."""
+
+    def __init__(self, stream: TextIO, verbose: bool) -> None:
+        self.stream, self.verbose = stream, verbose
+        self.tty = hasattr(stream, "isatty") and stream.isatty()
+
+    def __call__(self, i: int, total: int, path: str, ok: bool) -> None:
+        if self.verbose:
+            print(f"[{i}/{total}] {'ok     ' if ok else 'PROBLEM'} {path}", file=self.stream, flush=True)
+        elif self.tty:
+            width = 30
+            done = width * i // max(total, 1)
+            self.stream.write(f"\rverifying [{'#' * done}{'.' * (width - done)}] {i}/{total}")
+            if i == total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from sweflow.provenance import format_lineage, lineage
+
+    tree = lineage(args.path, args.root)
+    if args.json:
+        print(json.dumps(tree, sort_keys=True, indent=2))
+    else:
+        sys.stdout.write(format_lineage(tree))
+    return EXIT_OK
+
+
+def _add_audit(sub: Any) -> None:
+    p = sub.add_parser("audit", help="show the lineage of an artifact back to the dataset commit")
+    p.add_argument("path", help="an artifact that has a provenance record")
+    p.add_argument("--root", help="folder holding .provenance/ (default: found from the cwd or the artifact)")
+    p.add_argument("--json", action="store_true", help="print the lineage tree as JSON")
+    p.set_defaults(func=_cmd_audit)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from sweflow.provenance import verify
+
+    report = verify(args.root, args.manifest, on_item=_Progress(sys.stderr, args.verbose))
+    for problem in report.problems:
+        print(problem.line())
+    print(report.summary())
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
+def _add_verify(sub: Any) -> None:
+    p = sub.add_parser("verify", help="recompute artifact and input hashes and name anything that drifted")
+    p.add_argument("--root", default=".", help="folder holding .provenance/ (default: the cwd)")
+    p.add_argument(
+        "--manifest", help="check the artifacts listed in this run manifest (default: every record)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per artifact on stderr")
+    p.set_defaults(func=_cmd_verify)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sweflow", description=sweflow.__doc__)
+    parser.add_argument("--version", action="version", version=f"sweflow {sweflow.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `sweflow` command; returns the exit code (0 ok, 1 check failed, 2 user error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args))
+    except SweflowError as exc:
+        print(f"sweflow {args.command}: error: {exc.one_line()}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("sweflow: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `sweflow audit X | head`
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
