@@ -8,11 +8,8 @@ a results tree can be moved or copied and still verify.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
+import hashlib
 import os
-import platform
-import re
 import socket
 import time
 from collections.abc import Iterable, Mapping
@@ -23,35 +20,13 @@ from typing import Any
 
 import sweflow
 from sweflow.errors import ProvenanceError
-from sweflow.util import atomic_write_json, log, read_json, redact, run_cmd, secret_values, sha256_file
+from sweflow.provenance.environment import git_state, software_versions, sweflow_tree_sha256
+from sweflow.provenance.redaction import jsonable, redact_value
+from sweflow.util import atomic_write_json, read_json, secret_values, sha256_file
 
 SCHEMA = "sweflow.provenance/1"
 PROVENANCE_DIR = ".provenance"
 ROOT_ENV = "SWEFLOW_PROVENANCE_ROOT"
-REDACTED = "***REDACTED***"
-
-# Distributions whose versions matter for reproducing an artifact; absent ones are simply left out.
-SOFTWARE = (
-    "snakemake",
-    "huggingface_hub",
-    "pyarrow",
-    "pandas",
-    "swegym",
-    "swebench",
-    "e2b",
-    "docker",
-    "torch",
-    "transformers",
-)
-
-# Token formats worth catching even when the secret is not in this process's environment.
-_TOKEN_PATTERNS = re.compile(
-    r"(hf_[A-Za-z0-9]{20,}|sk-ant-[A-Za-z0-9_\-]{20,}|sk-[A-Za-z0-9]{32,}|e2b_[A-Za-z0-9]{20,}"
-    r"|gh[pousr]_[A-Za-z0-9]{30,})"
-)
-# Parameter names that contain a secret marker (KEY, TOKEN, AUTH...) but name ordinary values in this project.
-_BENIGN_KEY_WORDS = {"tokens", "tokenizer", "tokenizers", "author", "authors", "keys", "keyword", "keywords"}
-_BENIGN_KEYS = re.compile(r"(^|_)(image|instance|sort|cache|dedup|group|partition|primary|join)_?key$", re.I)
 
 
 def provenance_root(root: str | os.PathLike | None = None) -> Path:
@@ -113,154 +88,17 @@ def file_state(path: str | os.PathLike) -> FileState | None:
     """Hash and size a file or folder (folders: sha256_tree order; size = sum of file sizes); None if absent."""
     p = Path(path)
     if p.is_file():
-        st = p.stat()
-        return _cached_file_state(str(p.resolve()), st.st_size, st.st_mtime_ns)
+        return FileState("file", sha256_file(p), p.stat().st_size)
     if p.is_dir():
         # Same digest as sweflow.util.sha256_tree, computed here so each file is read once and sizes add up.
-        import hashlib
-
         h = hashlib.sha256()
         size = 0
         for f in sorted(x for x in p.rglob("*") if x.is_file()):
-            st = f.stat()
-            size += st.st_size
-            digest = _cached_file_state(str(f.resolve()), st.st_size, st.st_mtime_ns).sha256
+            size += f.stat().st_size
+            digest = sha256_file(f)
             h.update(f.relative_to(p).as_posix().encode() + b"\0" + digest.encode() + b"\n")
         return FileState("dir", h.hexdigest(), size)
     return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _cached_file_state(path: str, size: int, mtime_ns: int) -> FileState:
-    # Keyed on size and mtime so a file rewritten in the same process is hashed again.
-    return FileState("file", sha256_file(path), size)
-
-
-def _key_is_secret(name: str) -> bool:
-    words = [w for w in re.split(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])", str(name)) if w]
-    if _BENIGN_KEYS.search(str(name)):
-        return False
-    return any(
-        m in w.upper() and w.lower() not in _BENIGN_KEY_WORDS
-        for w in words
-        for m in ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-    )
-
-
-def _jsonable(value: Any) -> Any:
-    """Plain JSON data from params/wildcards: paths and odd objects become strings, sets sorted lists."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, set | frozenset):
-        return sorted((_jsonable(v) for v in value), key=repr)
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "items") and hasattr(value, "keys"):  # snakemake Namedlist and friends
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return str(value)
-
-
-def redact_value(value: Any, secrets: Iterable[str] | None = None, *, by_key: bool = True) -> Any:
-    """Plain JSON data with secrets removed.
-
-    String values under a secret-looking key (api_key, HF_TOKEN, password...) are replaced; numbers and
-    booleans are kept (max_tokens=16000 is not a secret). Any string containing a secret value from the
-    environment, or shaped like a known token (hf_..., sk-ant-...), has it replaced.
-    """
-    secrets = secret_values() if secrets is None else list(secrets)
-    return _redact(_jsonable(value), secrets, by_key)
-
-
-def _redact(value: Any, secrets: list[str], by_key: bool) -> Any:
-    if isinstance(value, str):
-        return _TOKEN_PATTERNS.sub(REDACTED, redact(value, secrets))
-    if isinstance(value, list):
-        return [_redact(v, secrets, by_key) for v in value]
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            key = _redact(k, secrets, False)
-            if by_key and _key_is_secret(k) and _has_strings(v):
-                out[key] = REDACTED
-            else:
-                out[key] = _redact(v, secrets, by_key)
-        return out
-    return value
-
-
-def _has_strings(value: Any) -> bool:
-    if isinstance(value, str):
-        return True
-    if isinstance(value, list):
-        return any(_has_strings(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_strings(v) for v in value.values())
-    return False
-
-
-@functools.lru_cache(maxsize=1)
-def sweflow_tree_sha256() -> str:
-    """Hash of the installed sweflow package's files (bytecode caches excluded)."""
-    import hashlib
-
-    pkg = Path(sweflow.__file__).resolve().parent
-    h = hashlib.sha256()
-    for f in sorted(pkg.rglob("*")):
-        if (
-            not f.is_file()
-            or "__pycache__" in f.parts
-            or f.suffix in (".pyc", ".pyo")
-            or f.name.endswith(".tmp")
-        ):
-            continue
-        h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + sha256_file(f).encode() + b"\n")
-    return h.hexdigest()
-
-
-def git_state(path: str | os.PathLike) -> dict[str, Any] | None:
-    """{commit, dirty} of the git checkout containing `path`; None when git or the checkout is absent.
-
-    dirty means tracked files differ from HEAD (untracked files, e.g. results, do not count).
-    """
-    p = Path(path)
-    where = p if p.is_dir() else p.parent
-    if not where.exists():
-        return None
-    try:
-        top = run_cmd(["git", "-C", str(where), "rev-parse", "--show-toplevel"], timeout=30)
-        if top.returncode != 0:
-            return None
-        return _git_state_of(top.stdout.strip())
-    except (
-        Exception
-    ) as exc:  # git missing (OSError) or hung (TimeoutExpired): provenance must not fail the job
-        log.warning("git state unavailable for %s: %s", p, exc)
-        return None
-
-
-def _git_state_of(top: str) -> dict[str, Any] | None:
-    head = run_cmd(["git", "-C", top, "rev-parse", "HEAD"], timeout=30)
-    commit = head.stdout.strip() if head.returncode == 0 else None
-    status = run_cmd(["git", "-C", top, "status", "--porcelain", "--untracked-files=no"], timeout=120)
-    dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"commit": commit, "dirty": dirty}
-
-
-def software_versions() -> dict[str, str]:
-    """Python and the installed versions of the packages in SOFTWARE (metadata only; nothing is imported)."""
-    out = {"python": platform.python_version(), "sweflow": sweflow.__version__}
-    for dist in SOFTWARE:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out
 
 
 def _iso(t: float) -> str:
@@ -396,8 +234,8 @@ def write_records(
     common = {
         "schema": SCHEMA,
         "rule": rule,
-        "wildcards": _jsonable(wildcards or {}),
-        "params": _jsonable(params or {}),
+        "wildcards": jsonable(wildcards or {}),
+        "params": jsonable(params or {}),
         "inputs": input_entries,
         "code": code_entry,
         "software": software_versions(),
@@ -409,7 +247,7 @@ def write_records(
         "ended": _iso(ended),
         "duration_s": round(max(0.0, ended - started), 3),
         "host": socket.gethostname(),
-        "extra": _jsonable(extra or {}),
+        "extra": jsonable(extra or {}),
     }
     # Keys are redacted only where they name values (params, extra); elsewhere values only.
     common = redact_value(common, secrets, by_key=False)
