@@ -1,0 +1,50 @@
+"""Token-recording proxy: Anthropic Messages in, chat-template tokens to an engine, samples recorded.
+
+Typical use (in-process):
+
+    from sweflow.proxy import ProxyServer, ProxyConfig, VLLMEngine
+    with ProxyServer(VLLMEngine("http://127.0.0.1:8000", "Qwen/Qwen3.5-4B"), tokenizer) as proxy:
+        requests.post(proxy.url + "/session/create", json={"session_id": "r1"})
+        # agent: ANTHROPIC_BASE_URL=proxy.url ANTHROPIC_AUTH_TOKEN=r1 claude -p ...
+        samples = requests.post(proxy.url + "/trajectory/read", json={"session_id": "r1"}).json()["samples"]
+
+Or as a process: `python -m sweflow.proxy --help`. torch/transformers load only for TransformersEngine.
+"""
+
+from sweflow.proxy.engines import (
+    Engine,
+    EngineError,
+    EngineTimeout,
+    GenerateResult,
+    SamplingParams,
+    ScriptedEngine,
+    TransformersEngine,
+    VLLMEngine,
+    scripted_logprob,
+)
+from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn, linearize
+from sweflow.proxy.server import ProxyConfig, ProxyServer
+from sweflow.proxy.toolcalls import ParsedOutput, ToolCall, format_hermes, format_qwen_xml, parse_tool_calls
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "EngineTimeout",
+    "GenerateResult",
+    "LinearizeConfig",
+    "ParsedOutput",
+    "ProxyConfig",
+    "ProxyServer",
+    "SamplingParams",
+    "ScriptedEngine",
+    "SessionRecord",
+    "ToolCall",
+    "TransformersEngine",
+    "Turn",
+    "VLLMEngine",
+    "format_hermes",
+    "format_qwen_xml",
+    "linearize",
+    "parse_tool_calls",
+    "scripted_logprob",
+]

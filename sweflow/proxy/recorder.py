@@ -1,0 +1,180 @@
+"""Per-session turn records and their linearisation into training samples.
+
+A turn is one engine call: prompt ids, output ids, output logprobs, finish reason, timings. An agent's
+turns usually extend each other (turn k's prompt = turn k-1's prompt + output + new tool results), so
+`linearize` folds them into as few samples as possible:
+
+- append: the new prompt starts with the sample so far -> the new prompt tokens get loss mask 0, the
+  output tokens mask 1 with their logprobs (masked tokens carry logprob 0);
+- drift: the prompt matches the sample except for at most `max_drift_tokens` trailing tokens of it (the
+  chat template re-tokenised the previous output, dropped a stop token, ...), the mismatch lies after the
+  sample's first prompt and the new prompt is at least as long as the sample -> the sample is cut back to
+  the common prefix and continues from the new prompt, so the differing tokens are masked prompt tokens;
+- divergence: anything else (context compaction, a sub-agent, a retry) starts a new sample.
+Aborted turns (the client never saw the answer) are skipped unless asked for.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Turn:
+    """One recorded engine call of a session."""
+
+    index: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    timings: dict[str, float] = field(default_factory=dict)
+    aborted: bool = False
+    stop_reason: str = ""
+    model: str = ""
+    weight_version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LinearizeConfig:
+    """Thresholds for folding turns into samples."""
+
+    max_drift_tokens: int = 8
+    include_aborted: bool = False
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class _Builder:
+    def __init__(self, turn: Turn) -> None:
+        self.token_ids = list(turn.prompt_ids)
+        self.loss_mask = [0] * len(turn.prompt_ids)
+        self.logprobs = [0.0] * len(turn.prompt_ids)
+        self.prompt_length = len(turn.prompt_ids)
+        self.turns: list[int] = []
+        self.finish_reason = ""
+        self.drift_events = 0
+        self.add_output(turn)
+
+    def add_output(self, turn: Turn) -> None:
+        self.token_ids += turn.output_ids
+        self.loss_mask += [1] * len(turn.output_ids)
+        self.logprobs += list(turn.logprobs)
+        self.turns.append(turn.index)
+        self.finish_reason = turn.finish_reason
+
+    def extend_from(self, turn: Turn, keep: int) -> None:
+        """Keep the first `keep` tokens, then the rest of the new prompt (masked), then the output."""
+        del self.token_ids[keep:], self.loss_mask[keep:], self.logprobs[keep:]
+        new = turn.prompt_ids[keep:]
+        self.token_ids += new
+        self.loss_mask += [0] * len(new)
+        self.logprobs += [0.0] * len(new)
+        self.add_output(turn)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "token_ids": self.token_ids,
+            "loss_mask": self.loss_mask,
+            "rollout_logprobs": self.logprobs,
+            "prompt_length": self.prompt_length,
+            "num_turns": len(self.turns),
+            "finish_reason": self.finish_reason,
+            "turn_indices": self.turns,
+            "drift_realignments": self.drift_events,
+        }
+
+
+def linearize(turns: list[Turn], config: LinearizeConfig | None = None) -> list[dict[str, Any]]:
+    """Fold turns (taken in index order) into samples.
+
+    Each sample: token_ids, loss_mask (1 = model output), rollout_logprobs (0.0 where masked),
+    prompt_length (the first turn's prompt), num_turns, finish_reason (of its last turn), turn_indices,
+    drift_realignments. The three token lists always have equal length.
+    """
+    cfg = config or LinearizeConfig()
+    samples: list[_Builder] = []
+    current: _Builder | None = None
+    for turn in sorted(turns, key=lambda t: t.index):
+        if turn.aborted and not cfg.include_aborted:
+            continue
+        if current is not None:
+            seq = current.token_ids
+            keep = _common_prefix(seq, turn.prompt_ids)
+            if keep == len(seq):
+                current.extend_from(turn, keep)
+                continue
+            # Only the sample's own output may drift (a mismatch inside the first prompt is a new context),
+            # and the prompt must reach past the sample (a shorter one is a retry or a fork, not a follow-up).
+            drift = len(seq) - keep
+            if (
+                drift <= cfg.max_drift_tokens
+                and keep >= current.prompt_length
+                and len(turn.prompt_ids) >= len(seq)
+            ):
+                current.drift_events += 1
+                current.extend_from(turn, keep)
+                continue
+        current = _Builder(turn)
+        samples.append(current)
+    return [s.to_dict() for s in samples]
+
+
+class SessionRecord:
+    """The turns of one session; thread-safe. Turn indices are given out when a request starts."""
+
+    def __init__(self, session_id: str, metadata: dict | None = None) -> None:
+        self.session_id = session_id
+        self.metadata = dict(metadata or {})
+        self.finalized = False
+        self._turns: list[Turn] = []
+        self._next_index = 0
+        self._lock = threading.Lock()
+
+    def next_index(self) -> int:
+        with self._lock:
+            index = self._next_index
+            self._next_index += 1
+            return index
+
+    def add(self, turn: Turn) -> None:
+        with self._lock:
+            self._turns.append(turn)
+
+    def mark_aborted(self, index: int) -> None:
+        with self._lock:
+            for turn in self._turns:
+                if turn.index == index:
+                    turn.aborted = True
+
+    def num_turns(self) -> int:
+        with self._lock:
+            return len(self._turns)
+
+    def read(self, drain: bool = False, config: LinearizeConfig | None = None) -> dict[str, Any]:
+        """Samples and turns recorded so far; `drain` removes what was returned.
+
+        Draining mid-session breaks the fold: the next turn starts a new sample.
+        """
+        with self._lock:
+            turns = sorted(self._turns, key=lambda t: t.index)
+            if drain:
+                self._turns = []
+        return {
+            "session_id": self.session_id,
+            "finalized": self.finalized,
+            "metadata": self.metadata,
+            "samples": linearize(turns, config),
+            "turns": [t.to_dict() for t in turns],
+        }
