@@ -172,7 +172,12 @@ class AnthropicStub:
             return self._state.next_turn
 
     def start(self) -> AnthropicStub:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="anthropic-stub", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="anthropic-stub",
+            daemon=True,
+        )
         self._thread.start()
         return self
 

@@ -64,7 +64,10 @@ class BlackboxServer:
         }
 
     def start(self) -> BlackboxServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="blackbox", daemon=True)
+        # A short poll interval keeps stop() quick (tests start and stop many servers).
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="blackbox", daemon=True
+        )
         self._thread.start()
         return self
 
