@@ -92,7 +92,7 @@ def write_build_record(
             "image": image,
             "provider": provider or "",
             "ok": False,
-            "step": step or "build",
+            "step": redact(step or "build"),
             "error": redact(error or ""),
         }
     atomic_write_json(path, data)
