@@ -18,5 +18,11 @@ rule all:
         smoke=f"results/{DATASET}/smoke-{PROVIDER}.json",
 
 
+rule data:
+    input:
+        jsonl=expand("results/{dataset}/{split}.jsonl", dataset=DATASET, split=SPLITS),
+        template_map=f"results/{DATASET}/template-map.json",
+
+
 onsuccess:
     write_run_manifest()

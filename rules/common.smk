@@ -23,15 +23,22 @@ def split_file(wildcards):
     return config["dataset"]["splits"][wildcards.split]["file"]
 
 
+def offline_files(wildcards):
+    """In offline mode the split files are real inputs, so editing them re-runs what depends on them."""
+    folder = config["dataset"]["hub"]["offline_dir"]
+    if not folder:
+        return []
+    splits = config["dataset"]["splits"]
+    names = (
+        [splits[wildcards.split]["file"]]
+        if hasattr(wildcards, "split")
+        else [s["file"] for s in splits.values()]
+    )
+    return [f"{folder}/{name}" for name in names]
+
+
 def expected_rows(wildcards):
     return config["dataset"]["splits"][wildcards.split].get("rows")
-
-
-def revision_sha(wildcards):
-    """The resolved commit sha: a param of the download, so a new upstream commit re-runs only its dependents."""
-    path = checkpoints.resolve_dataset.get(dataset=wildcards.dataset).output.revision
-    with open(path) as fh:
-        return json.load(fh)["sha"]
 
 
 def image_keys(wildcards):

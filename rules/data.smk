@@ -1,9 +1,16 @@
 # Data stage: Hub revision -> parquet -> validated split -> per-image records -> training JSONL.
 
 
-checkpoint resolve_dataset:
+rule resolve_dataset:
+    input:
+        offline=offline_files,
     output:
         revision="resources/datasets/{dataset}/revision.json",
+    log:
+        "logs/{dataset}/resolve_dataset.log",
+    localrule: True
+    conda:
+        "../envs/data.yaml"
     params:
         repo_id=config["dataset"]["repo_id"],
         repo_type=config["dataset"]["repo_type"],
@@ -11,33 +18,31 @@ checkpoint resolve_dataset:
         endpoint=config["dataset"]["hub"]["endpoint"],
         offline_dir=config["dataset"]["hub"]["offline_dir"],
         timeout=config["dataset"]["hub"]["timeout_sec"],
-    log:
-        "logs/{dataset}/resolve_dataset.log",
-    localrule: True
-    conda:
-        "../envs/data.yaml"
     script:
         "../scripts/resolve_dataset.py"
 
 
+# The resolved sha is the content of revision.json: a new upstream commit (found by a first resolve or by
+# `sweflow refresh`, which rewrites the file only when the sha moved) re-runs the download, and by checksum
+# only what changed downstream.
 rule download:
     input:
         revision="resources/datasets/{dataset}/revision.json",
+        offline=offline_files,
     output:
         parquet="resources/datasets/{dataset}/{split}.parquet",
-    params:
-        sha=revision_sha,
-        filename=split_file,
-        endpoint=config["dataset"]["hub"]["endpoint"],
-        offline_dir=config["dataset"]["hub"]["offline_dir"],
-        attempts=config["dataset"]["hub"]["download_attempts"],
-        timeout=config["dataset"]["hub"]["timeout_sec"],
     log:
         "logs/{dataset}/download/{split}.log",
     retries: 1
     localrule: True
     conda:
         "../envs/data.yaml"
+    params:
+        filename=split_file,
+        endpoint=config["dataset"]["hub"]["endpoint"],
+        offline_dir=config["dataset"]["hub"]["offline_dir"],
+        attempts=config["dataset"]["hub"]["download_attempts"],
+        timeout=config["dataset"]["hub"]["timeout_sec"],
     script:
         "../scripts/download.py"
 
@@ -47,13 +52,13 @@ rule validate_split:
         parquet="resources/datasets/{dataset}/{split}.parquet",
     output:
         report="results/{dataset}/{split}/rows.report.json",
-    params:
-        expected_rows=expected_rows,
-        shape=config["dataset"]["row_shape"],
     log:
         "logs/{dataset}/validate_split/{split}.log",
     conda:
         "../envs/data.yaml"
+    params:
+        expected_rows=expected_rows,
+        shape=config["dataset"]["row_shape"],
     script:
         "../scripts/validate_split.py"
 
@@ -65,15 +70,15 @@ checkpoint list_images:
     output:
         images=directory("results/{dataset}/images"),
         listing="results/{dataset}/images.txt",
+    log:
+        "logs/{dataset}/list_images.log",
+    conda:
+        "../envs/data.yaml"
     params:
         splits=SPLITS,
         naming=config["images"],
         shape=config["dataset"]["row_shape"],
         limit=config["dataset"]["limit"],
-    log:
-        "logs/{dataset}/list_images.log",
-    conda:
-        "../envs/data.yaml"
     script:
         "../scripts/list_images.py"
 
@@ -101,6 +106,10 @@ rule convert:
     output:
         jsonl="results/{dataset}/{split}.jsonl",
         report="results/{dataset}/{split}.convert.json",
+    log:
+        "logs/{dataset}/convert/{split}.log",
+    conda:
+        "../envs/data.yaml"
     params:
         shape=config["dataset"]["row_shape"],
         limit=config["dataset"]["limit"],
@@ -109,9 +118,5 @@ rule convert:
         agent=config["agent"],
         sandbox_timeout_sec=config["sandbox"]["timeout_sec"],
         naming=config["images"],
-    log:
-        "logs/{dataset}/convert/{split}.log",
-    conda:
-        "../envs/data.yaml"
     script:
         "../scripts/convert.py"

@@ -6,12 +6,12 @@ rule build_template:
         image="results/{dataset}/images/{key}.json",
     output:
         record="results/{dataset}/templates/{provider}/{key}.json",
-    params:
-        sandbox=config["sandbox"],
     log:
         "logs/{dataset}/build_template/{provider}/{key}.log",
     conda:
         "../envs/sandbox.yaml"
+    params:
+        sandbox=config["sandbox"],
     script:
         "../scripts/build_template.py"
 
@@ -21,12 +21,12 @@ rule smoke:
         record="results/{dataset}/templates/{provider}/{key}.json",
     output:
         marker="results/{dataset}/smoke/{provider}/{key}.json",
-    params:
-        sandbox=config["sandbox"],
     log:
         "logs/{dataset}/smoke/{provider}/{key}.log",
     conda:
         "../envs/sandbox.yaml"
+    params:
+        sandbox=config["sandbox"],
     script:
         "../scripts/smoke.py"
 

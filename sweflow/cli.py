@@ -78,7 +78,58 @@ def _add_verify(sub: Any) -> None:
     p.set_defaults(func=_cmd_verify)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify]
+def _cmd_refresh(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from sweflow.config import load_config
+    from sweflow.provenance import write_records
+    from sweflow.stages import resolve_dataset
+    from sweflow.util import read_json
+
+    if args.directory:
+        os.chdir(args.directory)
+    cfg = load_config(*args.configfile)
+    ds = cfg["dataset"]
+    out = f"resources/datasets/{ds['name']}/revision.json"
+    before = read_json(out)["sha"] if os.path.exists(out) else None
+    started = time.time()
+    rec = resolve_dataset(
+        out,
+        repo_id=ds["repo_id"],
+        revision=ds["revision"],
+        endpoint=ds["hub"]["endpoint"],
+        offline_dir=ds["hub"]["offline_dir"],
+        repo_type=ds["repo_type"],
+        timeout=ds["hub"]["timeout_sec"],
+    )
+    if rec["sha"] == before:
+        print(f"{ds['repo_id']}@{ds['revision']}: unchanged ({before})")
+        return EXIT_OK
+    write_records(
+        [out],
+        rule="resolve_dataset",
+        wildcards={"dataset": ds["name"]},
+        params={k: ds[k] for k in ("repo_id", "repo_type", "revision")} | {"endpoint": ds["hub"]["endpoint"]},
+        code=[__file__],
+        dataset={"repo_id": rec["repo_id"], "revision": rec["revision"], "sha": rec["sha"]},
+        started=started,
+    )
+    print(f"{ds['repo_id']}@{ds['revision']}: {before or '(none)'} -> {rec['sha']}")
+    return EXIT_OK
+
+
+def _add_refresh(sub: Any) -> None:
+    p = sub.add_parser(
+        "refresh",
+        help="re-resolve the dataset revision; rewrites revision.json only when the commit sha moved",
+    )
+    p.add_argument("--configfile", action="append", default=[], help="config files merged over the default")
+    p.add_argument("--directory", "-d", help="the workflow's working directory (default: the cwd)")
+    p.set_defaults(func=_cmd_refresh)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify, _add_refresh]
 
 
 def build_parser() -> argparse.ArgumentParser:

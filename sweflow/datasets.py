@@ -224,7 +224,10 @@ def _as_list(value: Any, *, file: str, row: int, fieldname: str) -> list[str]:
     for item in value:
         if not isinstance(item, str):
             raise DatasetError(
-                f"expected test ids as strings, got {type(item).__name__}", file=file, row=row, field=fieldname
+                f"expected test ids as strings, got {type(item).__name__}",
+                file=file,
+                row=row,
+                field=fieldname,
             )
         out.append(item)
     return out
@@ -236,7 +239,9 @@ def _as_str(value: Any, *, file: str, row: int, fieldname: str, optional: bool) 
     if hasattr(value, "isoformat"):  # timestamps in created_at
         return value.isoformat()
     if not isinstance(value, str):
-        raise DatasetError(f"expected a string, got {type(value).__name__}", file=file, row=row, field=fieldname)
+        raise DatasetError(
+            f"expected a string, got {type(value).__name__}", file=file, row=row, field=fieldname
+        )
     return value
 
 
@@ -279,7 +284,10 @@ def normalize_instance(inst: dict[str, Any], *, file: str, index: int) -> dict[s
         )
     if not re.fullmatch(r"[0-9a-f]{7,40}", out["base_commit"]):
         raise DatasetError(
-            f"base commit {out['base_commit']!r} is not a hex commit id", file=file, row=index, field="base_commit"
+            f"base commit {out['base_commit']!r} is not a hex commit id",
+            file=file,
+            row=index,
+            field="base_commit",
         )
     if not out["FAIL_TO_PASS"]:
         raise DatasetError(

@@ -76,6 +76,8 @@ def group_by_image(instances: Iterable[dict[str, Any]], naming: ImageNaming) -> 
     keys = {}
     for image, rec in out.items():
         if rec["key"] in keys:
-            raise DatasetError(f"images {keys[rec['key']]!r} and {image!r} map to the same key {rec['key']!r}")
+            raise DatasetError(
+                f"images {keys[rec['key']]!r} and {image!r} map to the same key {rec['key']!r}"
+            )
         keys[rec["key"]] = image
     return out

@@ -30,7 +30,9 @@ log = logging.getLogger("sweflow.stages")
 
 
 @contextlib.contextmanager
-def hub_endpoint(endpoint: str | None, *, store_root: str | os.PathLike = "resources/hub") -> Iterator[str | None]:
+def hub_endpoint(
+    endpoint: str | None, *, store_root: str | os.PathLike = "resources/hub"
+) -> Iterator[str | None]:
     """Yield the Hub endpoint URL to use. "local" starts the bundled endpoint over `store_root` (publishing the
     embedded sample into it first); a URL or None is passed through."""
     if endpoint != "local":
@@ -110,7 +112,14 @@ def download_split(
             timeout=timeout,
             cache_dir=cache_dir,
         )
-    log.info("downloaded %s/%s@%s -> %s (%d bytes)", rev["repo_id"], filename, rev["sha"][:12], out, path.stat().st_size)
+    log.info(
+        "downloaded %s/%s@%s -> %s (%d bytes)",
+        rev["repo_id"],
+        filename,
+        rev["sha"][:12],
+        out,
+        path.stat().st_size,
+    )
     return path
 
 
@@ -126,12 +135,21 @@ def validate_split(
     instances, report = load_split(parquet, split=split, shape=shape, expected_rows=expected_rows)
     data = report.to_dict()
     atomic_write_json(report_out, data)
-    log.info("split %s: %d rows valid (%s)", split, report.rows, ", ".join(f"{k}={v}" for k, v in report.repos.items()))
+    log.info(
+        "split %s: %d rows valid (%s)",
+        split,
+        report.rows,
+        ", ".join(f"{k}={v}" for k, v in report.repos.items()),
+    )
     return data
 
 
 def load_validated(
-    parquets: Mapping[str, str], *, shape: str, limit: int | None, expected: Mapping[str, int | None] | None = None
+    parquets: Mapping[str, str],
+    *,
+    shape: str,
+    limit: int | None,
+    expected: Mapping[str, int | None] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Each split's instances (whole split validated, then the limit applied)."""
     out = {}
@@ -197,10 +215,18 @@ def template_map(
     return mapping, failures
 
 
-def identity_template_record(image_file: str | os.PathLike, out: str | os.PathLike, *, provider: str) -> dict[str, Any]:
+def identity_template_record(
+    image_file: str | os.PathLike, out: str | os.PathLike, *, provider: str
+) -> dict[str, Any]:
     """For providers whose template is the task image itself: the per-image record, byte-stable."""
     rec = read_json(image_file)
-    data = {"image": rec["image"], "provider": provider, "template": rec["image"], "ok": True, "build": "identity"}
+    data = {
+        "image": rec["image"],
+        "provider": provider,
+        "template": rec["image"],
+        "ok": True,
+        "build": "identity",
+    }
     atomic_write_json(out, data)
     return data
 
@@ -258,6 +284,17 @@ def convert(
     return report
 
 
+def harness_info(package: str) -> dict[str, Any]:
+    """The harness package and its installed version (recorded in every training row)."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        version = None
+    return {"package": package, "version": version}
+
+
 def convert_options(
     *,
     dataset: str,
@@ -288,5 +325,5 @@ def convert_options(
         reward_marker=harness_cfg.get("reward_marker", "SWEFLOW_REWARD_JSON="),
         backend_options=backend,
         naming=ImageNaming.from_config(dict(naming_cfg)),
-        harness_info=harness.info() if hasattr(harness, "info") else {"package": harness_cfg.get("package")},
+        harness_info=harness_info(harness_cfg.get("package", "swebench")),
     )

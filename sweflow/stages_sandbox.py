@@ -12,7 +12,9 @@ from .util import atomic_write_json, read_json
 log = logging.getLogger("sweflow.stages")
 
 
-def build_template_step(image_file: str | os.PathLike, out: str | os.PathLike, *, provider: str, cfg: Mapping[str, Any]) -> dict:
+def build_template_step(
+    image_file: str | os.PathLike, out: str | os.PathLike, *, provider: str, cfg: Mapping[str, Any]
+) -> dict:
     """Write the per-image template record (provisional: the template is the image itself)."""
     rec = read_json(image_file)
     data = {"image": rec["image"], "provider": provider, "template": rec["image"], "ok": True}
@@ -20,9 +22,17 @@ def build_template_step(image_file: str | os.PathLike, out: str | os.PathLike, *
     return data
 
 
-def smoke_step(record_file: str | os.PathLike, out: str | os.PathLike, *, provider: str, cfg: Mapping[str, Any]) -> dict:
+def smoke_step(
+    record_file: str | os.PathLike, out: str | os.PathLike, *, provider: str, cfg: Mapping[str, Any]
+) -> dict:
     rec = read_json(record_file)
-    data = {"template": rec.get("template"), "image": rec["image"], "provider": provider, "ok": False, "error": "smoke not implemented yet"}
+    data = {
+        "template": rec.get("template"),
+        "image": rec["image"],
+        "provider": provider,
+        "ok": False,
+        "error": "smoke not implemented yet",
+    }
     atomic_write_json(out, data)
     return data
 
@@ -32,7 +42,10 @@ def smoke_summary(markers: list[str], out: str | os.PathLike) -> dict:
     data = {
         "templates": len(items),
         "ok": sum(1 for i in items if i.get("ok")),
-        "failed": sorted(({"image": i.get("image"), "error": i.get("error")} for i in items if not i.get("ok")), key=lambda d: d["image"] or ""),
+        "failed": sorted(
+            ({"image": i.get("image"), "error": i.get("error")} for i in items if not i.get("ok")),
+            key=lambda d: d["image"] or "",
+        ),
     }
     atomic_write_json(out, data)
     return data

@@ -47,7 +47,12 @@ def test_raw_rows_validate_and_keep_order(tmp_path):
 
 def test_skyrl_rows_are_unwrapped(tmp_path):
     rows = [
-        {"data_source": "x", "prompt": [{"role": "user", "content": "c"}], "env_class": "swegym", "instance": row(i)}
+        {
+            "data_source": "x",
+            "prompt": [{"role": "user", "content": "c"}],
+            "env_class": "swegym",
+            "instance": row(i),
+        }
         for i in (1, 2)
     ]
     instances, report = load_split(write(tmp_path, rows), split="train")

@@ -19,7 +19,9 @@ GIT_ENV = {
 
 
 def git(repo, *args):
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=GIT_ENV).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=GIT_ENV
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -48,7 +50,9 @@ def leaky_repo(tmp_path):
 
 def test_sanitizer_leaves_only_the_base(leaky_repo):
     repo, base, fix = leaky_repo
-    res = subprocess.run(sanitizer_command(base, str(repo)), shell=True, capture_output=True, text=True, env=GIT_ENV)
+    res = subprocess.run(
+        sanitizer_command(base, str(repo)), shell=True, capture_output=True, text=True, env=GIT_ENV
+    )
     assert res.returncode == 0, res.stderr
     assert SANITIZER_OK in res.stdout
     assert git(repo, "rev-parse", "HEAD") == base
@@ -64,5 +68,7 @@ def test_sanitizer_leaves_only_the_base(leaky_repo):
 
 def test_sanitizer_fails_on_unknown_base(leaky_repo):
     repo, _, _ = leaky_repo
-    res = subprocess.run(sanitizer_command("f" * 40, str(repo)), shell=True, capture_output=True, text=True, env=GIT_ENV)
+    res = subprocess.run(
+        sanitizer_command("f" * 40, str(repo)), shell=True, capture_output=True, text=True, env=GIT_ENV
+    )
     assert res.returncode == 3 and "not found" in res.stderr

@@ -1,0 +1,109 @@
+"""Data-stage benchmark: a synthetic SWE-Gym-shaped split with one distinct image per row.
+
+Prints the time of the first full run of the data stage (resolve -> download -> validate -> list_images ->
+one template record per image -> template map -> convert), of a no-op rerun, of a one-row change (one task
+added with a new image), and jobs per second. Templates are `prebuilt` (template = image), so the figures
+measure the workflow itself, not image builds.
+
+    .venv/bin/python benchmarks/bench_data_stage.py --rows 2438 [--cores 2] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sweflow.sample import sample_rows, write_parquet  # noqa: E402
+
+
+def synthetic_rows(n: int) -> list[dict]:
+    """n rows cloned from the sample tasks, each with its own instance id (so its own image)."""
+    base = sample_rows("train")
+    rows = []
+    for i in range(n):
+        r = dict(base[i % len(base)])
+        r["instance_id"] = f"sweflow__calclib-{100000 + i}"
+        rows.append(r)
+    return rows
+
+
+def run(workdir: Path, cores: int, *extra: str) -> tuple[float, int]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(workdir / "config.yaml"),
+        "--workflow-profile",
+        "none",
+        "--cores",
+        str(cores),
+        "--quiet",
+        "data",
+        *extra,
+    ]
+    t = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t
+    if res.returncode != 0:
+        sys.exit(f"snakemake failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+    jobs = 0
+    m = re.search(r"^total\s+(\d+)", res.stdout + res.stderr, re.M)
+    if m:
+        jobs = int(m.group(1))
+    return dt, jobs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2438)
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--workdir", type=Path)
+    args = ap.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sweflow-bench-"))
+    data = workdir / "offline"
+    data.mkdir(parents=True, exist_ok=True)
+    rows = synthetic_rows(args.rows)
+    write_parquet(rows, data / "train.parquet")
+    cfg = {
+        "dataset": {
+            "name": "bench",
+            "revision": "0" * 40,
+            "hub": {"endpoint": None, "offline_dir": str(data)},
+            "splits": {"train": {"file": "train.parquet", "rows": None}},
+        },
+        "images": {"prefix": "sweflow-bench/sweb.eval.x86_64."},
+        "harness": {"package": "swebench", "extra_repos": "sample"},
+        "sandbox": {"provider": "local", "prebuilt": True},
+    }
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+    first, jobs1 = run(workdir, args.cores)
+    noop, jobs2 = run(workdir, args.cores)
+    extra = dict(rows[0])
+    extra["instance_id"] = f"sweflow__calclib-{100000 + args.rows}"
+    write_parquet([*rows, extra], data / "train.parquet")
+    change, jobs3 = run(workdir, args.cores)
+
+    print(f"rows={args.rows} images={args.rows} cores={args.cores} workdir={workdir}")
+    print(f"first full run : {first:8.1f} s  ({jobs1} jobs, {jobs1 / first:.1f} jobs/s)")
+    print(f"no-op rerun    : {noop:8.1f} s  ({jobs2} jobs)")
+    print(f"one-row change : {change:8.1f} s  ({jobs3} jobs)")
+
+
+if __name__ == "__main__":
+    main()

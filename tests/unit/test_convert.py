@@ -1,0 +1,151 @@
+"""Training rows from the sample tasks with the real harness package (swebench 4.x)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import re
+
+import pytest
+
+from sweflow import stages
+from sweflow.convert import INTEGRITY_RULES
+from sweflow.errors import DatasetError, HarnessError
+from sweflow.images import ImageNaming
+from sweflow.sample import sample_rows, write_parquet
+
+PREFIX = "sweflow-sample/sweb.eval.x86_64."
+
+
+@pytest.fixture(scope="module")
+def harness():
+    return stages.harness_from_config("swebench", "sample")
+
+
+def options(harness, **over):
+    return stages.convert_options(
+        dataset="sample",
+        split="train",
+        provider="docker",
+        harness_cfg={"package": "swebench"},
+        agent_cfg={"backend_options": {"max_turns": 80, "permission_mode": "acceptEdits"}},
+        naming_cfg={"prefix": PREFIX},
+        sandbox_timeout_sec=3600,
+        harness=harness,
+        **over,
+    )
+
+
+def full_map(rows):
+    naming = ImageNaming(prefix=PREFIX)
+    return {naming.image_for(r["instance_id"], r["repo"]): f"tpl-{i}" for i, r in enumerate(rows)}
+
+
+def convert_files(tmp_path, harness, rows, mapping, failures=None, name="train"):
+    pq = tmp_path / f"{name}.parquet"
+    write_parquet(rows, pq)
+    (tmp_path / "map.json").write_text(json.dumps(mapping))
+    (tmp_path / "fail.json").write_text(json.dumps(failures or {}))
+    out = tmp_path / f"{name}.jsonl"
+    report = stages.convert(
+        pq,
+        tmp_path / "map.json",
+        tmp_path / "fail.json",
+        out,
+        tmp_path / f"{name}.report.json",
+        opts=options(harness),
+        harness=harness,
+    )
+    return out, report
+
+
+def test_rows_carry_everything_but_the_gold_patch(tmp_path, harness):
+    rows = sample_rows("train")
+    out, report = convert_files(tmp_path, harness, rows, full_map(rows))
+    lines = out.read_text().splitlines()
+    assert report["rows"] == len(rows) == len(lines)
+    for raw, line in zip(rows, lines, strict=True):
+        row = json.loads(line)
+        assert raw["patch"].strip() not in line
+        assert row["label"] == ""
+        assert row["prompt"][0]["role"] == "user"
+        assert row["prompt"][0]["content"].startswith(raw["problem_statement"].rstrip())
+        assert INTEGRITY_RULES.splitlines()[0] in row["prompt"][0]["content"]
+        md = row["metadata"]
+        assert md["instance_id"] == raw["instance_id"] and md["base_commit"] == raw["base_commit"]
+        assert md["FAIL_TO_PASS"] == raw["FAIL_TO_PASS"] and md["PASS_TO_PASS"] == raw["PASS_TO_PASS"]
+        assert md["sandbox_image"].startswith("tpl-") and md["docker_image"].startswith(PREFIX)
+        assert md["backend_options"] == {
+            "working_directory": "/testbed",
+            "max_turns": 80,
+            "permission_mode": "acceptEdits",
+        }
+        assert md["harness"]["package"] == "swebench" and md["harness"]["version"].startswith("4.")
+        before = md["blackbox_execute_cmds"]["before_agent"][0]
+        assert before["required"] is True and raw["base_commit"] in before["cmd"]
+        after = md["blackbox_execute_cmds"]["after_agent"][0]
+        assert after["timeout"] == 1260
+
+
+def test_evaluator_embeds_the_official_eval_script_with_the_test_patch(tmp_path, harness):
+    rows = sample_rows("train")[:1]
+    out, _ = convert_files(tmp_path, harness, rows, full_map(rows))
+    cmd = json.loads(out.read_text())["metadata"]["blackbox_execute_cmds"]["after_agent"][0]["cmd"]
+    blobs = [
+        gzip.decompress(base64.b64decode(b)).decode() for b in re.findall(r"'(H4sI[A-Za-z0-9+/=]+)'", cmd)
+    ]
+    official = harness.eval_script(rows[0])
+    assert any(official.strip().splitlines()[-1] in b for b in blobs)
+    # the test patch is applied by the official script inside the evaluator, never shown to the agent
+    assert any(rows[0]["test_patch"].splitlines()[0] in b for b in blobs)
+
+
+def test_output_is_byte_identical_on_rerun(tmp_path, harness):
+    rows = sample_rows("train")
+    a, _ = convert_files(tmp_path, harness, rows, full_map(rows))
+    first = a.read_bytes()
+    b, _ = convert_files(tmp_path, harness, rows, full_map(rows))
+    assert b.read_bytes() == first
+
+
+def test_image_missing_from_map_names_row_and_image(tmp_path, harness):
+    rows = sample_rows("train")
+    mapping = full_map(rows)
+    missing = next(iter(list(mapping)[2:3]))
+    del mapping[missing]
+    with pytest.raises(DatasetError) as err:
+        convert_files(tmp_path, harness, rows, mapping)
+    msg = str(err.value)
+    assert "row 2" in msg and missing in msg and "sandbox_image" in msg and "\n" not in msg
+    assert not (tmp_path / "train.jsonl").exists()
+
+
+def test_failed_template_builds_are_skipped_and_reported(tmp_path, harness):
+    rows = sample_rows("train")
+    mapping = full_map(rows)
+    broken = list(mapping)[0]
+    del mapping[broken]
+    out, report = convert_files(tmp_path, harness, rows, mapping, failures={broken: "docker_build: exit 1"})
+    assert report["rows"] == len(rows) - 1
+    assert report["skipped"] == [
+        {"image": broken, "instance_id": rows[0]["instance_id"], "reason": "docker_build: exit 1"}
+    ]
+
+
+def test_unknown_repo_for_the_harness_names_the_row(tmp_path, harness):
+    rows = sample_rows("train")
+    rows[3] = {**rows[3], "repo": "acme/unknown", "instance_id": "acme__unknown-1"}
+    with pytest.raises(HarnessError) as err:
+        convert_files(tmp_path, harness, rows, full_map(rows))
+    msg = str(err.value)
+    assert "row 3" in msg and "acme/unknown" in msg and "\n" not in msg
+    assert not (tmp_path / "train.jsonl").exists()
+
+
+def test_unknown_version_for_the_harness_names_the_row(tmp_path, harness):
+    rows = sample_rows("train")
+    rows[1] = {**rows[1], "version": "9.9"}
+    with pytest.raises(HarnessError) as err:
+        convert_files(tmp_path, harness, rows, full_map(rows))
+    assert "row 1" in str(err.value) and "9.9" in str(err.value)
