@@ -178,7 +178,7 @@ def list_images(
     images_dir = Path(images_dir)
     images_dir.mkdir(parents=True, exist_ok=True)
     keep = set()
-    for image, rec in groups.items():
+    for rec in groups.values():
         name = f"{rec['key']}.json"
         keep.add(name)
         write_if_changed(images_dir / name, json.dumps(rec, sort_keys=True, indent=2) + "\n")

@@ -16,6 +16,47 @@ from dataclasses import dataclass
 TAIL_CHARS = 64_000
 KILL_GRACE_S = 1.5
 READER_JOIN_S = 2.0
+SCAN_INTERVAL_S = 0.5
+
+
+def _read_stat(pid: int | str) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state is [0], ppid [1], starttime [19])."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _read_stat(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every live descendant of `root` as {pid: start time}; empty where /proc is unavailable."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    children: dict[int, list[tuple[int, str]]] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        fields = _read_stat(name)
+        if fields and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append((int(name), fields[19]))
+    found: dict[int, str] = {}
+    stack = [root]
+    while stack:
+        for pid, start in children.get(stack.pop(), []):
+            if pid not in found:
+                found[pid] = start
+                stack.append(pid)
+    return found
 
 
 class TailBuffer:
@@ -97,6 +138,7 @@ class GroupProcess:
         if stdin_data is not None:
             threading.Thread(target=self._feed, args=(stdin_data,), daemon=True).start()
         self._killed = threading.Event()
+        self._tracked: dict[int, str] = {}
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -110,38 +152,52 @@ class GroupProcess:
     def pid(self) -> int:
         return self.proc.pid
 
+    def track(self) -> None:
+        """Remember the current descendants (with start times, so a recycled pid is never hit)."""
+        self._tracked.update(descendants(self.proc.pid))
+
+    def _signal_all(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid, start in list(self._tracked.items()):
+            if _start_time(pid) == start:
+                try:
+                    os.kill(pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     def kill_group(self) -> None:
-        """SIGTERM the whole group, SIGKILL it after a short grace; safe to call twice or after exit."""
+        """SIGTERM the group and every tracked descendant, SIGKILL them after a short grace; idempotent.
+
+        Descendants matter because Claude Code runs its Bash tool in a new session (its own process
+        group): a group kill alone would miss it once the CLI is SIGKILLed.
+        """
         if self._killed.is_set():
             return
         self._killed.set()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                return
-            if sig == signal.SIGTERM:
-                try:
-                    self.proc.wait(timeout=KILL_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    continue
-                # The leader is gone; still SIGKILL stragglers left in the group.
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                return
+        self.track()
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE_S
+        while time.monotonic() < deadline and (self.proc.poll() is None or self._alive_tracked()):
+            time.sleep(0.05)
+        self._signal_all(signal.SIGKILL)
+
+    def _alive_tracked(self) -> bool:
+        return any(_start_time(pid) == start for pid, start in self._tracked.items())
 
     def wait(
         self, timeout: float | None, cancel: threading.Event, *, reap_group: bool = True
     ) -> ProcessOutcome:
-        """Wait for exit, the timeout, or `cancel`; kills the group on timeout/cancel and joins the readers.
+        """Wait for exit, the timeout, or `cancel`; kills everything on timeout/cancel and joins the readers.
 
         With `reap_group`, processes left in the group after a normal exit are killed too (so nothing the
         agent started outlives its turn); without it, background children keep running.
         """
         deadline = None if timeout is None else self.started + timeout
         reason = "exited"
+        next_scan = 0.0
         while self.proc.poll() is None:
             if cancel.is_set():
                 reason = "aborted"
@@ -149,6 +205,9 @@ class GroupProcess:
             if deadline is not None and time.monotonic() >= deadline:
                 reason = "timeout"
                 break
+            if time.monotonic() >= next_scan:
+                self.track()  # processes reparented to init after their parent dies are no longer findable
+                next_scan = time.monotonic() + SCAN_INTERVAL_S
             cancel.wait(0.05)
         if reason != "exited":
             self.kill_group()

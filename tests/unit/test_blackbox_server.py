@@ -37,8 +37,12 @@ FAKE_AGENT = textwrap.dedent(
     if prompt == "crash":
         print("boom: fake agent crashed", file=sys.stderr, flush=True)
         sys.exit(3)
-    if prompt.startswith("sleep:"):
-        child = subprocess.Popen(["sleep", prompt.split(":")[1]])
+    if prompt.startswith("stubborn:"):
+        # Like Claude Code's Bash tool: the child lives in its own session; and this parent ignores SIGTERM.
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if prompt.startswith(("sleep:", "stubborn:")):
+        child = subprocess.Popen(["sleep", prompt.split(":")[1]], start_new_session=prompt.startswith("stubborn:"))
         with open(os.environ["FAKE_AGENT_LOG"], "a") as fh:
             fh.write(json.dumps({"grandchild": child.pid}) + "\\n")
         emit({"type": "assistant", "message": {"role": "assistant", "content": [{"type": "text", "text": "sleeping"}]}})
@@ -304,7 +308,8 @@ def test_turn_timeout_kills_the_agent_and_answers_504(env):
     assert len(pids) == 2 and not any(pid_alive(p) for p in pids)
 
 
-def test_abort_returns_the_pending_turn_promptly_and_kills_the_group(env):
+@pytest.mark.parametrize("mode", ["sleep", "stubborn"])
+def test_abort_returns_the_pending_turn_promptly_and_kills_the_group(env, mode):
     url, log, _, body = env
     call(f"{url}/v1/rollout/register", "POST", body)
     answer: dict = {}
