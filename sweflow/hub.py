@@ -1,0 +1,430 @@
+"""A local stand-in for the Hugging Face Hub: a file-backed store of versioned repos and an HTTP endpoint for it.
+
+`HubStore(root)` keeps a git-like model on disk: every commit is an immutable set of files whose 40-hex sha is
+derived from its content, message and parent (so the same publishes give the same shas everywhere); branches and
+tags point at commits. `serve(store)` answers the subset of the Hub API that the real `huggingface_hub` client
+uses for `HfApi().dataset_info/repo_info/list_repo_refs/list_repo_tree`, `hf_hub_download` and
+`snapshot_download` (plain HTTP: no xet headers are sent, so the client never tries the xet path). Point the
+client at it with `HF_ENDPOINT=<url>` (read when huggingface_hub is imported) or `endpoint=<url>`.
+
+Layout of `root/`: `objects/<sha256>` (file contents), `<type>s/<repo_id>/commits/<sha>.json`,
+`<type>s/<repo_id>/refs.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from sweflow.errors import DatasetError
+from sweflow.util import atomic_write, atomic_write_json, read_json, sha256_bytes, stable_json
+
+REPO_TYPES = ("dataset", "model")
+SAMPLE_REPO_ID = "sweflow/calclib-sample"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+class RepoNotFoundError(DatasetError):
+    """The repository does not exist in the store."""
+
+
+class RevisionNotFoundError(DatasetError):
+    """The repository exists but the branch, tag or commit does not."""
+
+
+class EntryNotFoundError(DatasetError):
+    """The commit exists but has no such file."""
+
+
+def _check_path(name: str) -> str:
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise DatasetError(f"invalid file path {name!r} for a hub repository")
+    return name
+
+
+class HubStore:
+    """Versioned repositories on disk (see the module docstring). Safe for one writer and many readers."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self._lock = threading.Lock()
+
+    # ---- layout -------------------------------------------------------------------------------------
+    def _repo_dir(self, repo_id: str, repo_type: str) -> Path:
+        if repo_type not in REPO_TYPES:
+            raise DatasetError(f"unknown repo type {repo_type!r}", hint=f"use one of {list(REPO_TYPES)}")
+        if not _REPO_ID.match(repo_id) or ".." in repo_id:
+            raise RepoNotFoundError(f"invalid repository id {repo_id!r}")
+        return self.root / f"{repo_type}s" / repo_id
+
+    def exists(self, repo_id: str, repo_type: str = "dataset") -> bool:
+        try:
+            return (self._repo_dir(repo_id, repo_type) / "refs.json").is_file()
+        except RepoNotFoundError:
+            return False
+
+    def refs(self, repo_id: str, repo_type: str = "dataset") -> dict[str, dict[str, str]]:
+        """{"branches": {name: sha}, "tags": {name: sha}}; RepoNotFoundError for an unknown repo."""
+        path = self._repo_dir(repo_id, repo_type) / "refs.json"
+        if not path.is_file():
+            raise RepoNotFoundError(f"repository {repo_id!r} not found", file=str(self.root))
+        return read_json(path)
+
+    def commit(self, repo_id: str, sha: str, repo_type: str = "dataset") -> dict[str, Any]:
+        """The stored commit record: {"parent", "message", "files": {path: {"sha256", "size"}}}."""
+        path = self._repo_dir(repo_id, repo_type) / "commits" / f"{sha}.json"
+        if not _FULL_SHA.match(sha) or not path.is_file():
+            raise RevisionNotFoundError(f"commit {sha!r} not found in {repo_id!r}")
+        return read_json(path)
+
+    def resolve(self, repo_id: str, rev: str = "main", repo_type: str = "dataset") -> str:
+        """Commit sha of a branch, tag or full commit sha; RepoNotFoundError / RevisionNotFoundError otherwise."""
+        refs = self.refs(repo_id, repo_type)
+        for kind in ("branches", "tags"):
+            if rev in refs[kind]:
+                return refs[kind][rev]
+        for prefix, kind in (("refs/heads/", "branches"), ("refs/tags/", "tags")):
+            if rev.startswith(prefix) and rev[len(prefix) :] in refs[kind]:
+                return refs[kind][rev[len(prefix) :]]
+        if (
+            _FULL_SHA.match(rev)
+            and (self._repo_dir(repo_id, repo_type) / "commits" / f"{rev}.json").is_file()
+        ):
+            return rev
+        raise RevisionNotFoundError(f"revision {rev!r} not found in {repo_id!r}")
+
+    def files(self, repo_id: str, rev: str = "main", repo_type: str = "dataset") -> dict[str, dict[str, Any]]:
+        """{path: {"sha256", "size"}} of the commit `rev` resolves to."""
+        return self.commit(repo_id, self.resolve(repo_id, rev, repo_type), repo_type)["files"]
+
+    def object_path(self, sha256: str) -> Path:
+        return self.root / "objects" / sha256
+
+    def read(self, repo_id: str, rev: str, filename: str, repo_type: str = "dataset") -> bytes:
+        entry = self.files(repo_id, rev, repo_type).get(filename)
+        if entry is None:
+            raise EntryNotFoundError(f"{filename!r} not found at {rev!r} of {repo_id!r}")
+        return self.object_path(entry["sha256"]).read_bytes()
+
+    # ---- writes -------------------------------------------------------------------------------------
+    def publish(
+        self,
+        repo_id: str,
+        files: Mapping[str, bytes | str | Path],
+        message: str,
+        branch: str = "main",
+        *,
+        delete: tuple[str, ...] = (),
+        repo_type: str = "dataset",
+    ) -> str:
+        """Commit `files` (bytes or a path to read) on top of `branch`, creating the repo if needed; return the sha.
+
+        Files not named keep their content from the parent commit; `delete` removes paths. A publish that changes
+        nothing returns the branch's current sha and writes no commit.
+        """
+        repo_dir = self._repo_dir(repo_id, repo_type)
+        with self._lock:
+            refs = read_json(repo_dir / "refs.json") if (repo_dir / "refs.json").is_file() else None
+            refs = refs or {"branches": {}, "tags": {}}
+            parent = refs["branches"].get(branch)
+            tree = dict(self.commit(repo_id, parent, repo_type)["files"]) if parent else {}
+            for name in delete:
+                tree.pop(_check_path(name), None)
+            for name, content in sorted(files.items()):
+                data = Path(content).read_bytes() if isinstance(content, Path) else content
+                data = data.encode("utf-8") if isinstance(data, str) else data
+                digest = sha256_bytes(data)
+                if not self.object_path(digest).is_file():
+                    atomic_write(self.object_path(digest), data)
+                tree[_check_path(name)] = {"sha256": digest, "size": len(data)}
+            if parent and tree == self.commit(repo_id, parent, repo_type)["files"]:
+                return parent
+            record = {"files": dict(sorted(tree.items())), "message": message, "parent": parent}
+            sha = hashlib.sha1(stable_json(record, indent=None).encode()).hexdigest()
+            atomic_write_json(repo_dir / "commits" / f"{sha}.json", record)
+            refs["branches"][branch] = sha
+            atomic_write_json(repo_dir / "refs.json", refs)
+            return sha
+
+    def tag(self, repo_id: str, tag: str, rev: str = "main", repo_type: str = "dataset") -> str:
+        """Point tag `tag` at the commit `rev` resolves to; return that sha."""
+        with self._lock:
+            sha = self.resolve(repo_id, rev, repo_type)
+            refs = self.refs(repo_id, repo_type)
+            refs["tags"][tag] = sha
+            atomic_write_json(self._repo_dir(repo_id, repo_type) / "refs.json", refs)
+            return sha
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------------
+class _Reply(Exception):
+    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        super().__init__(body.get("error", ""))
+        self.status, self.body, self.headers = status, body, headers or {}
+
+
+def _not_found(exc: DatasetError, headers: dict[str, str] | None = None) -> _Reply:
+    code = {
+        RepoNotFoundError: "RepoNotFound",
+        RevisionNotFoundError: "RevisionNotFound",
+        EntryNotFoundError: "EntryNotFound",
+    }[type(exc)]
+    return _Reply(
+        404, {"error": exc.problem}, {"X-Error-Code": code, "X-Error-Message": exc.problem, **(headers or {})}
+    )
+
+
+def _split_repo(parts: list[str], keywords: tuple[str, ...]) -> tuple[str, str, list[str]]:
+    """(repo_id, keyword, rest) from path segments like [owner, name, "resolve", rev, *file]."""
+    for i in (2, 1):
+        if len(parts) > i and parts[i] in keywords:
+            return "/".join(parts[:i]), parts[i], parts[i + 1 :]
+    if 1 <= len(parts) <= 2:
+        return "/".join(parts), "", []
+    raise _Reply(404, {"error": "not found"})
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sweflow-hub/1"
+    store: HubStore  # set on the subclass made by serve()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+        pass
+
+    def do_HEAD(self) -> None:
+        self._dispatch(head=True)
+
+    def do_GET(self) -> None:
+        self._dispatch(head=False)
+
+    def _dispatch(self, head: bool) -> None:
+        url = urlsplit(self.path)
+        parts = [unquote(p) for p in url.path.split("/") if p]
+        query = parse_qs(url.query)
+        try:
+            if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] in ("datasets", "models"):
+                self._api(parts[1][:-1], parts[2:], query, head)
+            elif parts[:1] == ["datasets"]:
+                self._resolve("dataset", parts[1:], head)
+            elif "resolve" in parts[1:3]:
+                self._resolve("model", parts, head)
+            else:
+                raise _Reply(404, {"error": f"no such endpoint {url.path}"})
+        except _Reply as reply:
+            self._send_json(reply.status, reply.body, reply.headers, head)
+        except (RepoNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
+            reply = _not_found(exc)
+            self._send_json(reply.status, reply.body, reply.headers, head)
+
+    def _send_json(self, status: int, body: Any, headers: dict[str, str], head: bool) -> None:
+        data = json.dumps(body, sort_keys=True).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(data)
+
+    def _api(self, repo_type: str, parts: list[str], query: dict[str, list[str]], head: bool) -> None:
+        repo_id, keyword, rest = _split_repo(parts, ("revision", "refs", "tree"))
+        store = self.store
+        if keyword == "refs":
+            refs = store.refs(repo_id, repo_type)
+
+            def items(kind: str, prefix: str) -> list[dict[str, str]]:
+                return [
+                    {"name": n, "ref": prefix + n, "targetCommit": s} for n, s in sorted(refs[kind].items())
+                ]
+
+            body: Any = {
+                "branches": items("branches", "refs/heads/"),
+                "tags": items("tags", "refs/tags/"),
+                "converts": [],
+            }
+        elif keyword == "tree":
+            rev = rest[0] if rest else "main"
+            body = self._tree(repo_id, repo_type, rev, "/".join(rest[1:]), query.get("recursive", [""])[0])
+        elif keyword in ("revision", ""):
+            rev = rest[0] if rest else "main"
+            sha = store.resolve(repo_id, rev, repo_type)
+            files = store.commit(repo_id, sha, repo_type)["files"]
+            blobs = query.get("blobs", [""])[0].lower() in ("1", "true")
+            siblings = [
+                {"rfilename": p, **({"size": e["size"], "blobId": e["sha256"][:40]} if blobs else {})}
+                for p, e in files.items()
+            ]
+            body = {
+                "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24],
+                "id": repo_id,
+                "author": repo_id.split("/")[0] if "/" in repo_id else None,
+                "sha": sha,
+                "private": False,
+                "gated": False,
+                "disabled": False,
+                "tags": [],
+                "siblings": siblings,
+            }
+        else:
+            raise _Reply(404, {"error": "not found"})
+        self._send_json(
+            200, body, {"X-Repo-Commit": body.get("sha", "")} if isinstance(body, dict) else {}, head
+        )
+
+    def _tree(
+        self, repo_id: str, repo_type: str, rev: str, folder: str, recursive: str
+    ) -> list[dict[str, Any]]:
+        files = self.store.files(repo_id, rev, repo_type)
+        prefix = folder.rstrip("/") + "/" if folder else ""
+        deep = recursive.lower() in ("1", "true")
+        out: dict[str, dict[str, Any]] = {}
+        for path, entry in files.items():
+            if not path.startswith(prefix):
+                continue
+            rel_parts = path[len(prefix) :].split("/")
+            for depth in range(1, len(rel_parts)):
+                if depth > 1 and not deep:
+                    break
+                d = prefix + "/".join(rel_parts[:depth])
+                out.setdefault(
+                    d, {"type": "directory", "path": d, "oid": hashlib.sha1(d.encode()).hexdigest()}
+                )
+            if deep or len(rel_parts) == 1:
+                out[path] = {"type": "file", "path": path, "size": entry["size"], "oid": entry["sha256"][:40]}
+        if folder and not out:
+            raise EntryNotFoundError(f"{folder!r} not found at {rev!r} of {repo_id!r}")
+        return [out[k] for k in sorted(out)]
+
+    def _resolve(self, repo_type: str, parts: list[str], head: bool) -> None:
+        repo_id, keyword, rest = _split_repo(parts, ("resolve",))
+        if keyword != "resolve" or len(rest) < 2:
+            raise _Reply(404, {"error": "not found"})
+        rev, filename = rest[0], "/".join(rest[1:])
+        sha = self.store.resolve(repo_id, rev, repo_type)
+        entry = self.store.commit(repo_id, sha, repo_type)["files"].get(filename)
+        if entry is None:
+            raise _not_found(EntryNotFoundError(f"{filename!r} not found at {rev!r}"), {"X-Repo-Commit": sha})
+        data = self.store.object_path(entry["sha256"]).read_bytes()
+        start, end, status = 0, len(data), 200
+        if (rng := self.headers.get("Range")) is not None:
+            start, end = _parse_range(rng, len(data))
+            status = 206
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(end - start))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", f'"{entry["sha256"]}"')
+        self.send_header("X-Repo-Commit", sha)
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+        self.end_headers()
+        if not head:
+            self.wfile.write(data[start:end])
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int]:
+    """[start, end) of a single `bytes=` range; a 416 reply when it cannot be satisfied."""
+    m = re.fullmatch(r"bytes=(\d*)-(\d*)", header.strip())
+    bad = _Reply(416, {"error": f"unsatisfiable range {header!r}"}, {"Content-Range": f"bytes */{size}"})
+    if not m or (m.group(1) == "" and m.group(2) == ""):
+        raise bad
+    if m.group(1) == "":
+        start, end = max(0, size - int(m.group(2))), size
+    else:
+        start = int(m.group(1))
+        end = min(size, int(m.group(2)) + 1) if m.group(2) else size
+    if start >= size or start >= end:
+        raise bad
+    return start, end
+
+
+@contextlib.contextmanager
+def serve(store: HubStore | str | Path, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve `store` over HTTP in a background thread; yield the endpoint URL (http://host:port)."""
+    store = store if isinstance(store, HubStore) else HubStore(store)
+    handler = type("HubHandler", (_Handler,), {"store": store})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    # A short poll interval makes shutdown() (and so leaving the context) take milliseconds, not 0.5 s.
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="sweflow-hub", daemon=True
+    )
+    thread.start()
+    try:
+        yield f"http://{host}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def publish_sample(
+    root: str | Path, extra: bool = False, *, repo_id: str = SAMPLE_REPO_ID, shape: str = "skyrl"
+) -> str:
+    """Publish the sample's train/validation parquet files to `repo_id` in the store at `root`; return the sha.
+
+    Idempotent: the base publish always yields the same sha. extra=True then adds a second commit whose train
+    split has one more task (the "upstream published a new task" case).
+    """
+    from sweflow.sample import parquet_bytes, sample_rows, skyrl_rows
+
+    make = skyrl_rows if shape == "skyrl" else sample_rows
+    store = HubStore(root)
+    files = {f"{s}.parquet": parquet_bytes(make(s)) for s in ("train", "validation")}
+    if not store.exists(repo_id):
+        base = store.publish(repo_id, files, "Add the calclib sample (train 6, validation 2)")
+    elif (base := _base_sha(store, repo_id, files)) is None:
+        raise DatasetError(f"repository {repo_id!r} exists with other content", file=str(root))
+    if not extra:
+        return base
+    return store.publish(repo_id, {"train.parquet": parquet_bytes(make("train", extra=True))}, "Add one task")
+
+
+def _base_sha(store: HubStore, repo_id: str, files: dict[str, bytes]) -> str | None:
+    """The sha of the first commit of `repo_id` if it holds exactly `files`, else None."""
+    sha: str | None = store.resolve(repo_id, "main")
+    while sha:
+        record = store.commit(repo_id, sha)
+        if record["parent"] is None:
+            wanted = {n: {"sha256": sha256_bytes(d), "size": len(d)} for n, d in sorted(files.items())}
+            return sha if record["files"] == wanted else None
+        sha = record["parent"]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sweflow.hub", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_serve = sub.add_parser("serve", help="serve a store over HTTP until interrupted")
+    p_serve.add_argument("--root", required=True)
+    p_serve.add_argument("--host", default="127.0.0.1")
+    p_serve.add_argument("--port", type=int, default=0)
+    p_pub = sub.add_parser("publish-sample", help="publish the embedded sample dataset into a store")
+    p_pub.add_argument("--root", required=True)
+    p_pub.add_argument("--extra", action="store_true", help="also publish the commit with one more task")
+    args = parser.parse_args(argv)
+    if args.cmd == "publish-sample":
+        print(publish_sample(args.root, extra=args.extra))
+        return 0
+    with serve(HubStore(args.root), args.host, args.port) as url:
+        print(f"serving {args.root} at {url} (HF_ENDPOINT={url})", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
