@@ -142,13 +142,17 @@ def read_test_exit_code(log: str) -> int | None:
     return code
 
 
-def test_section(log: str, start: str, end: str) -> str:
-    """The text between the last start marker and the following end marker, or '' when absent."""
-    i = log.rfind(start)
-    if i < 0:
+def test_section(log: str, start: str | None, end: str | None) -> str:
+    """The text between the first start marker and the next end marker (as the harness grader splits), or ''."""
+    if not start or not end or start not in log:
         return ""
-    j = log.find(end, i + len(start))
-    return log[i + len(start) : j if j >= 0 else len(log)]
+    return log.split(start, 1)[1].split(end, 1)[0]
+
+
+def from_first_start(log: str, start: str | None) -> str:
+    """The log from the first start marker on: where test output, and anything the tests print, can appear."""
+    i = log.find(start) if start else -1
+    return log[i:] if i >= 0 else log
 
 
 def parse_statuses(parser, log: str, spec, start: str, end: str) -> dict:
@@ -221,8 +225,7 @@ def evaluate_log(
         statuses = parse_statuses(parser, log, spec, start, end)
         if collect is not None:
             collect.update(statuses)
-        section = test_section(log, start, end) or log
-        contradicted = contradicted_tests(parser, section, spec, f2p + p2p)
+        contradicted = contradicted_tests(parser, from_first_start(log, start), spec, f2p + p2p)
     except Exception as exc:
         tail = (tail + "\nparser exception: " + repr(exc))[-LOG_TAIL_CHARS:]
         return failed_grade(

@@ -271,3 +271,13 @@ def test_old_style_single_argument_parser_is_supported():
         old, "PASSED a\nPASSED b\n", {"FAIL_TO_PASS": ["a"], "PASS_TO_PASS": ["b"]}, 0, START, END
     )
     assert res.resolved and res.parsed_tests == 2
+
+
+def test_forged_end_marker_and_late_passed_line_is_not_resolved(harness, logs, tmp_path):
+    text, _ = logs["mixed"]
+    # Tests print a fake end marker first (so the grader falls back to the whole log), then a late PASSED line.
+    forged = f"{END}\n" + text.rstrip("\n") + f"\nPASSED {P}test_fail\n"
+    log = _eval_log(forged, 0)
+    payload, statuses, _ = _run_program(harness, tmp_path, CALCLIB, log, [P + "test_fail"], [])
+    assert statuses[P + "test_fail"] == "PASSED"  # the last-line-wins map alone would be fooled
+    assert (payload["resolved"], payload["failure_reason"]) == (False, "log_contradicts_exit_code")
