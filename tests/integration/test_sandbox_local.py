@@ -1,0 +1,175 @@
+"""The local (bubblewrap) backend on a real sandbox built from the sample repository."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sweflow.errors import SandboxError
+from sweflow.sandbox.base import BLACKBOX_PORT
+from sweflow.sandbox.build import build_and_record
+from sweflow.sandbox.local import LocalProvider
+from sweflow.sandbox.smoke import smoke
+from sweflow.sandbox.spec import TemplateSpec, template_name
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory) -> tuple[LocalProvider, str, dict]:
+    from sweflow.sample import materialize_repo, sample_rows
+
+    tmp = tmp_path_factory.mktemp("local")
+    info = materialize_repo(tmp / "calclib")
+    row = sample_rows("train")[0]
+    image = f"sweflow-sample/{row['instance_id']}:latest"
+    provider = LocalProvider(tmp / "templates")
+    rec = build_and_record(
+        provider, image, tmp / "record.json", spec=TemplateSpec(image=image), attempts=1,
+        repo=info.path, commit=row["base_commit"],
+    )  # fmt: skip
+    assert rec["ok"], rec
+    return provider, rec["template"], row
+
+
+def test_template_record_and_workspace(local):
+    provider, template, row = local
+    assert template == template_name(f"sweflow-sample/{row['instance_id']}:latest")
+    tb = provider.template_dir(template) / "testbed"
+    assert (tb / ".git").is_dir()
+
+
+def test_run_env_cwd_and_testbed_state(local):
+    provider, template, row = local
+    with provider.create(template, timeout=120, env={"FOO": "bar"}) as sb:
+        r = sb.run("pwd; echo $FOO $BAZ; git rev-parse HEAD; git remote | wc -l", timeout=30, env={"BAZ": "qux"})
+        assert r.ok, r
+        assert r.stdout.split("\n")[:4] == ["/testbed", "bar qux", row["base_commit"], "0"]
+        r = sb.run("pwd", timeout=30, cwd="/tmp")
+        assert r.stdout.strip() == "/tmp"
+        r = sb.run("echo out; echo err >&2; exit 7", timeout=30)
+        assert (r.exit_code, r.stdout, r.stderr, r.ok) == (7, "out\n", "err\n", False)
+        # The conda shim and the task's test command work as the eval script uses them.
+        r = sb.run(
+            "source /opt/miniconda3/bin/activate && conda activate testbed && python -m pytest -rA -q tests 2>&1",
+            timeout=120,
+        )
+        assert "passed" in r.stdout and r.exit_code in (0, 1), r.stdout[-2000:]
+
+
+def test_timeout_kills_the_command_and_its_children(local):
+    provider, template, _ = local
+    with provider.create(template, timeout=120) as sb:
+        t0 = time.monotonic()
+        r = sb.run("(sleep 30; echo late > /tmp/late) & sleep 30", timeout=1.5)
+        assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 10
+        time.sleep(0.5)
+        assert sb.run("test -e /tmp/late || echo absent", timeout=10).stdout.strip() == "absent"
+        assert "sleep" not in sb.run("ps -eo comm", timeout=10).stdout
+
+
+def test_files_roundtrip_and_errors(local):
+    provider, template, _ = local
+    with provider.create(template, timeout=120) as sb:
+        blob = bytes(range(256)) * 100
+        sb.write_file("/tmp/deep/dir/blob.bin", blob)
+        assert sb.read_file("/tmp/deep/dir/blob.bin") == blob
+        sb.write_file("/testbed/new.txt", "héllo")
+        assert sb.run("cat /testbed/new.txt", timeout=10).stdout == "héllo"
+        with pytest.raises(SandboxError, match="read_file failed"):
+            sb.read_file("/tmp/missing")
+        with pytest.raises(SandboxError, match="write_file failed"):
+            sb.write_file("/usr/forbidden.txt", "x")  # host root is read-only
+
+
+def test_background_poll_and_kill(local):
+    provider, template, _ = local
+    with provider.create(template, timeout=120) as sb:
+        bg = sb.start("echo started; sleep 0.3; echo done >&2; exit 3")
+        deadline = time.monotonic() + 20
+        while (res := bg.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert res is not None and (res.exit_code, res.stdout, res.stderr) == (3, "started\n", "done\n")
+        long = sb.start("sleep 60")
+        time.sleep(0.3)
+        assert long.poll() is None
+        long.kill()
+        assert long.poll() is not None
+
+
+def test_kill_stops_processes_removes_sandbox_and_is_idempotent(local):
+    provider, template, _ = local
+    sb = provider.create(template, timeout=120)
+    bg = sb.start("sleep 60")
+    sb_dir = sb.dir
+    assert sb_dir.is_dir()
+    sb.kill()
+    sb.kill()
+    assert bg.proc.poll() is not None
+    assert not sb_dir.exists()
+    with pytest.raises(SandboxError, match="already killed"):
+        sb.run("true", timeout=5)
+
+
+def test_lifetime_timeout_kills_the_sandbox(local):
+    provider, template, _ = local
+    sb = provider.create(template, timeout=1)
+    time.sleep(2)
+    assert sb.killed and not sb.dir.exists()
+
+
+def test_concurrent_sandboxes_are_isolated(local):
+    provider, template, _ = local
+
+    def one(i: int) -> tuple[str, str, int]:
+        with provider.create(template, timeout=120) as sb:
+            sb.write_file("/testbed/mine.txt", f"sandbox {i}")
+            sb.run("sleep 0.2", timeout=10)
+            seen = sb.run("cat /testbed/mine.txt; echo; ls /tmp | wc -l", timeout=10).stdout
+            return seen, sb.port_url(BLACKBOX_PORT), sb.blackbox_port
+
+    with cf.ThreadPoolExecutor(4) as ex:
+        results = list(ex.map(one, range(4)))
+    for i, (seen, _, _) in enumerate(results):
+        assert seen == f"sandbox {i}\n0\n", "own testbed, empty own /tmp"
+    assert len({url for _, url, _ in results}) == 4, "each sandbox gets its own blackbox port"
+    assert not (provider.template_dir(template) / "testbed" / "mine.txt").exists()
+
+
+def test_server_port_mapping_and_smoke(local):
+    provider, template, _ = local
+    with provider.create(template, timeout=120) as sb:
+        url = sb.port_url(BLACKBOX_PORT)
+        assert url == f"http://127.0.0.1:{sb.blackbox_port}" and sb.port_url(8080) == "http://127.0.0.1:8080"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    health = json.loads(resp.read())
+                break
+            except OSError:
+                assert time.monotonic() < deadline, sb.server.poll()
+                time.sleep(0.2)
+        assert health["healthy"] is True
+    result = smoke(provider, template)
+    assert result["ok"] and result["template"] == template and result["host_reachable"]
+    assert result["version"] == health["version"] and "version" in result["status_keys"]
+
+
+def test_missing_template_and_smoke_failure_name_the_template(tmp_path):
+    provider = LocalProvider(tmp_path)
+    with pytest.raises(SandboxError, match="local template not built") as ei:
+        provider.create("nope", timeout=10)
+    assert ei.value.row == "nope"
+    with pytest.raises(SandboxError) as ei:
+        smoke(provider, "nope")
+    assert ei.value.file == "nope" and ei.value.field == "create"
