@@ -199,6 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "sweflow-hub/1"
     store: HubStore  # set on the subclass made by serve()
+    blob_base: str | None = None  # the "CDN" origin file downloads are redirected to, if any
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
         pass
@@ -216,6 +217,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] in ("datasets", "models"):
                 self._api(parts[1][:-1], parts[2:], query, head)
+            elif len(parts) == 2 and parts[0] == "blobs":
+                self._send_blob(parts[1], {}, head)
             elif parts[:1] == ["datasets"]:
                 self._resolve("dataset", parts[1:], head)
             elif "resolve" in parts[1:3]:
@@ -317,7 +320,23 @@ class _Handler(BaseHTTPRequestHandler):
         entry = self.store.commit(repo_id, sha, repo_type)["files"].get(filename)
         if entry is None:
             raise _not_found(EntryNotFoundError(f"{filename!r} not found at {rev!r}"), {"X-Repo-Commit": sha})
-        data = self.store.object_path(entry["sha256"]).read_bytes()
+        if self.blob_base:
+            # Like the Hub's LFS files: a redirect to another origin (a "CDN") that carries the file's metadata.
+            headers = {
+                "Location": f"{self.blob_base}/blobs/{entry['sha256']}",
+                "X-Repo-Commit": sha,
+                "X-Linked-Etag": f'"{entry["sha256"]}"',
+                "X-Linked-Size": str(entry["size"]),
+            }
+            self._send_json(302, {}, headers, head)
+            return
+        self._send_blob(entry["sha256"], {"X-Repo-Commit": sha}, head)
+
+    def _send_blob(self, digest: str, headers: dict[str, str], head: bool) -> None:
+        path = self.store.object_path(digest)
+        if not re.fullmatch(r"[0-9a-f]{64}", digest) or not path.is_file():
+            raise _Reply(404, {"error": "no such blob"})
+        data = path.read_bytes()
         start, end, status = 0, len(data), 200
         if (rng := self.headers.get("Range")) is not None:
             start, end = _parse_range(rng, len(data))
@@ -326,8 +345,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{entry["sha256"]}"')
-        self.send_header("X-Repo-Commit", sha)
+        self.send_header("ETag", f'"{digest}"')
+        for k, v in headers.items():
+            self.send_header(k, v)
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
         self.end_headers()
@@ -352,10 +372,7 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def serve(store: HubStore | str | Path, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve `store` over HTTP in a background thread; yield the endpoint URL (http://host:port)."""
-    store = store if isinstance(store, HubStore) else HubStore(store)
-    handler = type("HubHandler", (_Handler,), {"store": store})
+def _run_server(handler: type[_Handler], host: str, port: int) -> Iterator[str]:
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     # A short poll interval makes shutdown() (and so leaving the context) take milliseconds, not 0.5 s.
@@ -369,6 +386,25 @@ def serve(store: HubStore | str | Path, host: str = "127.0.0.1", port: int = 0) 
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def serve(
+    store: HubStore | str | Path, host: str = "127.0.0.1", port: int = 0, *, lfs_redirect: bool = False
+) -> Iterator[str]:
+    """Serve `store` over HTTP in a background thread; yield the endpoint URL (http://host:port).
+
+    With lfs_redirect=True, file requests answer like the Hub does for LFS files: a 302 to a second listener
+    (same host, another port, so another origin to the client) with X-Linked-Etag / X-Linked-Size.
+    """
+    store = store if isinstance(store, HubStore) else HubStore(store)
+    with contextlib.ExitStack() as stack:
+        blob_base = None
+        if lfs_redirect:
+            blob_handler = type("HubBlobHandler", (_Handler,), {"store": store})
+            blob_base = stack.enter_context(_run_server(blob_handler, host, 0))
+        handler = type("HubHandler", (_Handler,), {"store": store, "blob_base": blob_base})
+        yield stack.enter_context(_run_server(handler, host, port))
 
 
 def publish_sample(
@@ -412,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("--root", required=True)
     p_serve.add_argument("--host", default="127.0.0.1")
     p_serve.add_argument("--port", type=int, default=0)
+    p_serve.add_argument("--lfs-redirect", action="store_true", help="redirect file downloads like LFS files")
     p_pub = sub.add_parser("publish-sample", help="publish the embedded sample dataset into a store")
     p_pub.add_argument("--root", required=True)
     p_pub.add_argument("--extra", action="store_true", help="also publish the commit with one more task")
@@ -419,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "publish-sample":
         print(publish_sample(args.root, extra=args.extra))
         return 0
-    with serve(HubStore(args.root), args.host, args.port) as url:
+    with serve(HubStore(args.root), args.host, args.port, lfs_redirect=args.lfs_redirect) as url:
         print(f"serving {args.root} at {url} (HF_ENDPOINT={url})", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()

@@ -24,15 +24,18 @@ pytestmark = pytest.mark.integration
 REPO = "sweflow/calclib-sample"
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """(store, endpoint url, cache dir) with the sample published; an empty HF_HOME and no telemetry."""
+@pytest.fixture(params=[False, True], ids=["direct", "lfs-redirect"])
+def hub(request, tmp_path, monkeypatch):
+    """(store, endpoint url, cache dir) with the sample published; an empty HF_HOME and no telemetry.
+
+    Runs each test twice: files served directly, and behind an LFS-style redirect to another origin.
+    """
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     store = HubStore(tmp_path / "root")
     publish_sample(store.root)
-    with serve(store) as url:
+    with serve(store, lfs_redirect=request.param) as url:
         yield store, url, tmp_path / "cache"
 
 
@@ -113,8 +116,14 @@ def test_resolve_serves_range_requests_and_hub_headers(hub):
     data = store.read(REPO, sha, "validation.parquet")
     target = f"{url}/datasets/{REPO}/resolve/main/validation.parquet"
     head = httpx.head(target)
-    assert head.status_code == 200 and head.headers["X-Repo-Commit"] == sha
-    assert int(head.headers["Content-Length"]) == len(data) and head.headers["ETag"].strip('"')
+    assert head.headers["X-Repo-Commit"] == sha
+    if head.status_code == 302:  # LFS-style: metadata on the redirect, bytes at another origin
+        assert int(head.headers["X-Linked-Size"]) == len(data) and head.headers["X-Linked-Etag"].strip('"')
+        assert not head.headers["Location"].startswith(url)
+        target = head.headers["Location"]
+    else:
+        assert head.status_code == 200 and int(head.headers["Content-Length"]) == len(data)
+    assert httpx.get(target).content == data
     part = httpx.get(target, headers={"Range": "bytes=4-11"})
     assert part.status_code == 206 and part.content == data[4:12]
     assert part.headers["Content-Range"] == f"bytes 4-11/{len(data)}"
