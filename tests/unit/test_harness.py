@@ -210,3 +210,78 @@ def test_evaluator_command_is_deterministic_and_embeds_the_parts(harness):
     assert "--marker SWEFLOW_REWARD_JSON=" in cmd
     with pytest.raises(HarnessError, match="timeout_sec"):
         harness.evaluator_command(inst, timeout_sec=0)
+
+
+FAKE_SWEGYM = {
+    "__init__.py": "",
+    "harness/__init__.py": "",
+    "harness/constants.py": (
+        "from enum import Enum\n"
+        "class TestStatus(Enum):\n    PASSED = 'PASSED'\n    FAILED = 'FAILED'\n"
+        "MAP_REPO_VERSION_TO_SPECS = {'getmoto/moto': {'4.1': {'test_cmd': 'pytest -n0 -rA'}}}\n"
+    ),
+    "harness/test_spec.py": (
+        "from dataclasses import dataclass\n"
+        "from fakegym.harness.constants import MAP_REPO_VERSION_TO_SPECS\n"
+        "@dataclass\nclass TestSpec:\n    eval_script_list: list\n"
+        "    @property\n    def eval_script(self):\n"
+        "        return '\\n'.join(['#!/bin/bash', 'set -uxo pipefail'] + self.eval_script_list) + '\\n'\n"
+        "def make_eval_script_list(instance, specs, env_name, repo_directory, base_commit, test_patch):\n"
+        "    return [f'cd {repo_directory}', specs['test_cmd'] + ' tests/t.py', f'git checkout {base_commit}']\n"
+        "def make_test_spec(instance):\n"
+        "    specs = MAP_REPO_VERSION_TO_SPECS[instance['repo']][instance['version']]\n"
+        "    return TestSpec(make_eval_script_list(instance, specs, 'testbed', '/testbed', instance['base_commit'], ''))\n"
+    ),
+    "harness/log_parsers.py": (
+        "from fakegym.harness.constants import TestStatus\n"
+        "def parse_log_pytest(log):\n"
+        "    return {l.split()[1]: l.split()[0] for l in log.split('\\n')\n"
+        "            if any(l.startswith(s.value) for s in TestStatus) and len(l.split()) > 1}\n"
+        "MAP_REPO_TO_PARSER = {'getmoto/moto': parse_log_pytest}\n"
+    ),
+}
+
+
+def test_swegym_style_layout_without_markers(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    for rel, text in FAKE_SWEGYM.items():
+        (tmp_path / "fakegym" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fakegym" / rel).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    h = load_harness("fakegym")
+    inst = {
+        "instance_id": "getmoto__moto-1",
+        "repo": "getmoto/moto",
+        "version": "4.1",
+        "base_commit": "b",
+        "test_patch": "",
+    }
+    assert h.eval_script(inst) == h.make_test_spec(inst).eval_script
+    lines = h.eval_script(inst, instrument=True).splitlines()
+    assert lines[lines.index("pytest -n0 -rA tests/t.py") + 1] == TEST_EXIT_ECHO
+    h.register_repos(
+        {"SWEflow/CalcLib": {"0.1": {"test_cmd": "pytest -rA"}}}, {"SWEflow/CalcLib": "parse_log_pytest"}
+    )
+    assert h.parser_table["sweflow/calclib"] is h.parser_table["getmoto/moto"]
+    prog = tmp_path / "p.py"
+    prog.write_text(h.standalone_parser_source("getmoto/moto"))
+    (tmp_path / "log").write_text("PASSED tests/t.py::a\nSWEFLOW_TEST_EXIT_CODE=0\n")
+    (tmp_path / "t.json").write_text(json.dumps({"FAIL_TO_PASS": ["tests/t.py::a"], "PASS_TO_PASS": []}))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            str(prog),
+            "--log",
+            str(tmp_path / "log"),
+            "--tests",
+            str(tmp_path / "t.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    payload = json.loads(out.split("=", 1)[1])
+    assert (payload["resolved"], payload["test_exit_code"], payload["eval_returncode"]) == (True, 0, None)
