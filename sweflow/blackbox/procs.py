@@ -221,8 +221,9 @@ class GroupProcess:
             returncode: int | None = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             returncode = None
+        join_until = time.monotonic() + READER_JOIN_S
         for t in self._readers:
-            t.join(READER_JOIN_S)
+            t.join(max(0.0, join_until - time.monotonic()))
         return ProcessOutcome(reason, returncode, time.monotonic() - self.started)
 
 

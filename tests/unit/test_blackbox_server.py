@@ -315,7 +315,7 @@ def test_abort_returns_the_pending_turn_promptly_and_kills_the_group(env, mode):
     answer: dict = {}
     worker = threading.Thread(
         target=lambda: answer.update(
-            r=call(f"{url}/v1/sessions/sess-1/messages", "POST", {"content": "sleep:30"})
+            r=call(f"{url}/v1/sessions/sess-1/messages", "POST", {"content": f"{mode}:30"})
         )
     )
     worker.start()

@@ -1,0 +1,162 @@
+"""A real Claude Code CLI driven through the blackbox server against the scripted Anthropic stub."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from sweflow.anthropic_stub import AnthropicStub, text, tool_use, turn
+from sweflow.blackbox import BlackboxServer
+
+CLAUDE = os.environ.get("SWEFLOW_CLAUDE_BIN") or shutil.which("claude")
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.claude,
+    pytest.mark.skipif(
+        CLAUDE is None, reason="Claude Code CLI not found (npm i -g @anthropic-ai/claude-code)"
+    ),
+]
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+
+
+def call(url: str, method: str = "GET", body: object = None, timeout: float = 120):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, method=method, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture()
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "testbed"
+    path.mkdir()
+    (path / "calc.py").write_text(BUGGY)
+    git = ["git", "-c", "user.email=t@example.com", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=path, check=True, timeout=30)
+    subprocess.run(git + ["add", "."], cwd=path, check=True, timeout=30)
+    subprocess.run(git + ["commit", "-qm", "base"], cwd=path, check=True, timeout=30)
+    return path
+
+
+def register(url: str, stub: AnthropicStub, repo: Path, sid: str, mode: str) -> None:
+    body = {
+        "agent_type": "claude_code",
+        "router_url": stub.url,
+        "session_id": sid,
+        "instance_id": "sweflow__calclib-1",
+        "backend_options": {"working_directory": str(repo), "max_turns": 6, "permission_mode": mode},
+    }
+    status, answer = call(f"{url}/v1/rollout/register", "POST", body)
+    assert status == 200, answer
+
+
+def test_claude_reads_and_edits_a_file_through_the_blackbox(repo, tmp_path):
+    target = str(repo / "calc.py")
+    policy = [
+        turn(text("Let me look."), tool_use("Read", {"file_path": target})),
+        turn(tool_use("Edit", {"file_path": target, "old_string": "a - b", "new_string": "a + b"})),
+        turn(text("done")),
+        turn(text("still done")),
+    ]
+    sid = "sweflow__calclib-1.rollout:0"
+    with (
+        AnthropicStub(policy) as stub,
+        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb,
+    ):
+        register(bb.url, stub, repo, sid, "acceptEdits")
+        status, out = call(
+            f"{bb.url}/v1/sessions/{sid}/messages", "POST", {"content": "Fix add() in calc.py."}
+        )
+        assert status == 200, out
+        assert out["result"] == "done" and out["is_error"] is False and out["num_turns"] == 3
+        kinds = [(o["type"], o.get("name")) for o in out["outputs"]]
+        assert kinds == [
+            ("text", None),
+            ("tool_use", "Read"),
+            ("tool_result", None),
+            ("tool_use", "Edit"),
+            ("tool_result", None),
+            ("text", None),
+        ]
+        assert (repo / "calc.py").read_text() == BUGGY.replace("a - b", "a + b")
+
+        # The agent's traffic: every scripted request carried the session id as bearer token, and the
+        # tool results of the Read and the Edit came back to the model.
+        served = stub.agent_requests
+        assert len(served) == 3 and {r.bearer for r in served} == {sid}
+        assert not any(r.has_api_key for r in stub.requests)
+        assert all(r.path.startswith("/v1/messages") for r in stub.requests)
+        assert {"Read", "Edit", "Bash"} <= set(served[0].tool_names())
+        read_result = served[1].tool_results()[-1]
+        assert "return a - b" in json.dumps(read_result["content"]) and not read_result.get("is_error")
+        edit_result = served[2].tool_results()[-1]
+        assert "updated" in json.dumps(edit_result["content"]) and not edit_result.get("is_error")
+        assert stub.errors == []
+
+        # A second message resumes the same Claude conversation.
+        status, out2 = call(f"{bb.url}/v1/sessions/{sid}/messages", "POST", {"content": "Anything else?"})
+        assert (
+            status == 200
+            and out2["result"] == "still done"
+            and out2["claude_session_id"] == out["claude_session_id"]
+        )
+        history = json.dumps(stub.agent_requests[-1].body["messages"])
+        assert "Fix add() in calc.py." in history and "Anything else?" in history
+
+        status, diff = call(
+            f"{bb.url}/v1/sessions/{sid}/execute_cmd", "POST", {"cmd": "git diff", "timeout": 30}
+        )
+        assert status == 200 and "+    return a + b" in diff["stdout"]
+        snap = call(f"{bb.url}/v1/sessions/{sid}")[1]
+        assert [t["status"] for t in snap["turns"]] == ["ok", "ok"]
+        assert snap["events"][0]["type"] == "system" and snap["events"][-1]["type"] == "result"
+
+
+def test_abort_kills_a_running_bash_tool(repo, tmp_path):
+    pidfile = tmp_path / "bash.pid"
+    command = f"echo $$ > {pidfile}; sleep 60; echo late > {tmp_path / 'late'}"
+    policy = [turn(tool_use("Bash", {"command": command, "description": "Wait a while"})), turn(text("done"))]
+    sid = "abort-1"
+    with (
+        AnthropicStub(policy) as stub,
+        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb,
+    ):
+        register(bb.url, stub, repo, sid, "bypassPermissions")
+        answer: dict = {}
+        worker = threading.Thread(
+            target=lambda: answer.update(
+                r=call(f"{bb.url}/v1/sessions/{sid}/messages", "POST", {"content": "wait"})
+            )
+        )
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert time.monotonic() < deadline, "the Bash tool never started"
+            time.sleep(0.05)
+        shell_pid = int(pidfile.read_text())
+        t0 = time.monotonic()
+        assert call(f"{bb.url}/v1/sessions/{sid}/abort", "POST", {})[1]["aborted"] is True
+        worker.join(15)
+        assert not worker.is_alive() and time.monotonic() - t0 < 6
+        status, err = answer["r"]
+        assert status == 409 and err["error"]["type"] == "aborted"
+        time.sleep(0.3)
+        alive = (
+            Path(f"/proc/{shell_pid}").exists()
+            and Path(f"/proc/{shell_pid}/stat").read_text().split()[2] != "Z"
+        )
+        assert not alive, "the agent's Bash tool survived the abort"
