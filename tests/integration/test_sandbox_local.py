@@ -7,7 +7,6 @@ import json
 import shutil
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -51,7 +50,9 @@ def test_template_record_and_workspace(local):
 def test_run_env_cwd_and_testbed_state(local):
     provider, template, row = local
     with provider.create(template, timeout=120, env={"FOO": "bar"}) as sb:
-        r = sb.run("pwd; echo $FOO $BAZ; git rev-parse HEAD; git remote | wc -l", timeout=30, env={"BAZ": "qux"})
+        r = sb.run(
+            "pwd; echo $FOO $BAZ; git rev-parse HEAD; git remote | wc -l", timeout=30, env={"BAZ": "qux"}
+        )
         assert r.ok, r
         assert r.stdout.split("\n")[:4] == ["/testbed", "bar qux", row["base_commit"], "0"]
         r = sb.run("pwd", timeout=30, cwd="/tmp")
@@ -133,14 +134,15 @@ def test_concurrent_sandboxes_are_isolated(local):
     def one(i: int) -> tuple[str, str, int]:
         with provider.create(template, timeout=120) as sb:
             sb.write_file("/testbed/mine.txt", f"sandbox {i}")
+            sb.write_file(f"/tmp/own-{i}", "x")
             sb.run("sleep 0.2", timeout=10)
-            seen = sb.run("cat /testbed/mine.txt; echo; ls /tmp | wc -l", timeout=10).stdout
+            seen = sb.run("cat /testbed/mine.txt; echo; ls /tmp | grep -c own-", timeout=10).stdout
             return seen, sb.port_url(BLACKBOX_PORT), sb.blackbox_port
 
     with cf.ThreadPoolExecutor(4) as ex:
         results = list(ex.map(one, range(4)))
     for i, (seen, _, _) in enumerate(results):
-        assert seen == f"sandbox {i}\n0\n", "own testbed, empty own /tmp"
+        assert seen == f"sandbox {i}\n1\n", "own testbed and own /tmp"
     assert len({url for _, url, _ in results}) == 4, "each sandbox gets its own blackbox port"
     assert not (provider.template_dir(template) / "testbed" / "mine.txt").exists()
 
