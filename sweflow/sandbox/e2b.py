@@ -28,13 +28,13 @@ from e2b import (
     AuthenticationException,
     CommandExitException,
     RateLimitException,
-    Sandbox as SdkSandbox,
     SandboxException,
     SandboxNotRunningException,
     SandboxUnreachableException,
     ServiceBusyException,
     TimeoutException,
 )
+from e2b import Sandbox as SdkSandbox
 
 from ..errors import SandboxError
 from ..util import redact, retry
@@ -210,7 +210,9 @@ class E2BProvider:
             )
 
         try:
-            sdk = self.call(create_once, what=f"creating an E2B sandbox from template {template!r}", file=template)
+            sdk = self.call(
+                create_once, what=f"creating an E2B sandbox from template {template!r}", file=template
+            )
         except SandboxError as exc:
             cause = exc.__cause__
             if cause is not None and _status_of(cause) == 404:
@@ -300,8 +302,8 @@ class E2BBackground:
         state = probe.stdout.strip()
         if not probe.ok or state == "running":
             return None
-        out = self.sandbox.run(f'tail -c {OUTPUT_TAIL_CHARS} {self.folder}/out', timeout=CONTROL_TIMEOUT)
-        err = self.sandbox.run(f'tail -c {OUTPUT_TAIL_CHARS} {self.folder}/err', timeout=CONTROL_TIMEOUT)
+        out = self.sandbox.run(f"tail -c {OUTPUT_TAIL_CHARS} {self.folder}/out", timeout=CONTROL_TIMEOUT)
+        err = self.sandbox.run(f"tail -c {OUTPUT_TAIL_CHARS} {self.folder}/err", timeout=CONTROL_TIMEOUT)
         self._result = CommandResult(
             exit_code=int(state) if state.lstrip("-").isdigit() else -1,
             stdout=out.stdout,
@@ -315,7 +317,7 @@ class E2BBackground:
         if self.sandbox.killed or self._result is not None:
             return
         self.sandbox.run(
-            f'd={self.folder}; kill -KILL -- -{self.pgid} 2>/dev/null; '
+            f"d={self.folder}; kill -KILL -- -{self.pgid} 2>/dev/null; "
             f'[ -f "$d/rc" ] || echo {KILLED_EXIT_CODE} > "$d/rc"',
             timeout=CONTROL_TIMEOUT,
         )
@@ -343,7 +345,9 @@ class E2BSandbox(SandboxBase):
         """Run `cmd` with bash; exit codes are results, a deadline gives timed_out=True (exit 124)."""
         self._check_alive()
         if timeout <= 0:
-            raise SandboxError("command timeout must be positive", file=self.template, row=self.id, field="timeout")
+            raise SandboxError(
+                "command timeout must be positive", file=self.template, row=self.id, field="timeout"
+            )
         out, err = _TailBuffer(), _TailBuffer()
         t0 = time.monotonic()
         handle = None

@@ -112,8 +112,13 @@ def e2b_template_from_spec(
         ctx = Path(context_dir)
         ctx.mkdir(parents=True, exist_ok=True)
     wheel_name = inp.runtime_wheel.name
-    _stage(inp.claude_binary, ctx / "claude")
-    _stage(inp.runtime_wheel, ctx / wheel_name)
+    try:
+        _stage(inp.claude_binary, ctx / "claude")
+        _stage(inp.runtime_wheel, ctx / wheel_name)
+    except BaseException:
+        if context_dir is None:
+            shutil.rmtree(ctx, ignore_errors=True)
+        raise
     packages = list(dict.fromkeys([*inp.packages, *REQUIRED_PACKAGES]))
     template = (
         Template(file_context_path=str(ctx))
@@ -224,7 +229,7 @@ def _wait_for_build(
     offset = 0
     while True:
         status = provider.call(
-            lambda: Template.get_build_status(info, logs_offset=offset, **provider.api_params()),
+            lambda at=offset: Template.get_build_status(info, logs_offset=at, **provider.api_params()),
             what=f"E2B build status of {info.build_id}",
             file=image,
         )

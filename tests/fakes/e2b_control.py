@@ -112,12 +112,14 @@ class FakeControlPlane:
     def _app(self, environ: dict[str, Any], start_response: Any):
         method, path = environ["REQUEST_METHOD"], environ["PATH_INFO"]
         body = environ["wsgi.input"].read()
-        for m, pattern, route in self._ROUTES:
-            match = re.fullmatch(pattern, path)
-            if m == method and match:
-                break
-        else:
+        found = [
+            (name, match)
+            for m, pattern, name in self._ROUTES
+            if m == method and (match := re.fullmatch(pattern, path))
+        ]
+        if not found:
             return _reply(start_response, 404, {"code": 404, "message": f"no route {method} {path}"})
+        route, match = found[0]
         self.calls.append((route, method, path))
         if route != "upload":
             key = environ.get("HTTP_X_API_KEY", "")
@@ -156,6 +158,8 @@ class FakeControlPlane:
         with self._lock:
             if idem and idem in self._idem:
                 return 201, self._idem[idem]
+            if self.envd.stopped:
+                return 503, {"code": 503, "message": "shutting down"}
             sid = "sb" + secrets.token_hex(6)
             token = "envd-" + secrets.token_hex(8)
             self.envd.add_sandbox(sid, token, data.get("envVars") or {})
@@ -217,7 +221,14 @@ class FakeControlPlane:
         tid, bid = "tpl" + secrets.token_hex(5), "bld" + secrets.token_hex(5)
         self.builds[bid] = FakeBuild(tid, bid, name, data.get("cpuCount"), data.get("memoryMB"))
         tags = data.get("tags") or ["default"]
-        return 202, {"templateID": tid, "buildID": bid, "public": False, "names": [name], "tags": tags, "aliases": [name]}
+        return 202, {
+            "templateID": tid,
+            "buildID": bid,
+            "public": False,
+            "names": [name],
+            "tags": tags,
+            "aliases": [name],
+        }
 
     def _upload_link(self, args: dict[str, str], environ: dict[str, Any], **_: Any) -> tuple[int, Any]:
         key = f"{args['tid']}/{args['hash']}"
@@ -249,7 +260,10 @@ class FakeControlPlane:
         for i, step in enumerate(steps, start=1):
             text = _step_text(step)
             log(f"[builder {i}/{len(steps)}] {text}")
-            if step.get("type") == "COPY" and f"{build.template_id}/{step.get('filesHash')}" not in self.uploads:
+            if (
+                step.get("type") == "COPY"
+                and f"{build.template_id}/{step.get('filesHash')}" not in self.uploads
+            ):
                 build.status = "error"
                 build.reason = {"message": f"files for step {i} were never uploaded", "step": str(i)}
                 return
@@ -285,7 +299,14 @@ class FakeControlPlane:
 
 
 def _reply(start_response: Any, status: int, obj: Any) -> list[bytes]:
-    phrase = {200: "OK", 201: "Created", 202: "Accepted", 204: "No Content", 401: "Unauthorized", 404: "Not Found"}
+    phrase = {
+        200: "OK",
+        201: "Created",
+        202: "Accepted",
+        204: "No Content",
+        401: "Unauthorized",
+        404: "Not Found",
+    }
     if obj is None:
         start_response(f"{status} {phrase.get(status, 'Status')}", [])
         return [b""]

@@ -32,12 +32,11 @@ from typing import Any
 
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
-from protobuf import Oneof
-
 from e2b.envd.filesystem import filesystem_pb as fpb
 from e2b.envd.filesystem.filesystem_connect import FilesystemWSGIApplication
 from e2b.envd.process import process_pb as ppb
 from e2b.envd.process.process_connect import ProcessWSGIApplication
+from protobuf import Oneof
 
 from .wsgi_server import WSGIServer
 
@@ -82,7 +81,9 @@ class _Proc:
         for t in readers:
             t.join()
         if rc < 0:  # killed by a signal: Go's ExitCode() is -1 then
-            end = ppb.ProcessEvent.EndEvent(exit_code=-1, exited=False, status=f"signal: {signal.Signals(-rc).name}")
+            end = ppb.ProcessEvent.EndEvent(
+                exit_code=-1, exited=False, status=f"signal: {signal.Signals(-rc).name}"
+            )
         else:
             end = ppb.ProcessEvent.EndEvent(exit_code=rc, exited=True, status=f"exit status {rc}")
         self._push(ppb.ProcessEvent(event=Oneof("end", end)), done=True)
@@ -150,6 +151,7 @@ class FakeEnvd:
         self._own_root = root is None
         self.root = Path(root or tempfile.mkdtemp(prefix="fake-envd-"))
         self.sandboxes: dict[str, FakeSandbox] = {}
+        self.stopped = False
         self._lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []  # (sandbox id, path) of every request, for tests
         self._process_app = ProcessWSGIApplication(_ProcessService(self))
@@ -166,6 +168,8 @@ class FakeEnvd:
         return self
 
     def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
         for sid in list(self.sandboxes):
             self.remove_sandbox(sid)
         self.server.stop()
@@ -180,6 +184,8 @@ class FakeEnvd:
 
     # -- sandboxes -------------------------------------------------------------------------------
     def add_sandbox(self, sandbox_id: str, token: str, envs: dict[str, str] | None = None) -> FakeSandbox:
+        if self.stopped:  # a slow create answered after the test ended
+            raise RuntimeError("fake envd is stopped")
         workdir = self.root / sandbox_id
         (workdir / "tmp").mkdir(parents=True, exist_ok=True)
         sb = FakeSandbox(sandbox_id, token, workdir, dict(envs or {}))
@@ -215,7 +221,9 @@ class FakeEnvd:
             return [b""]
         sb = self.sandboxes.get(sid)
         if sb is None:
-            return _json(start_response, "502 Bad Gateway", {"code": 502, "message": f"sandbox {sid} not found"})
+            return _json(
+                start_response, "502 Bad Gateway", {"code": 502, "message": f"sandbox {sid} not found"}
+            )
         if environ.get("HTTP_X_ACCESS_TOKEN") != sb.token:
             return _json(start_response, "401 Unauthorized", {"code": 401, "message": "invalid access token"})
         if path.startswith("/process.Process/"):
@@ -232,14 +240,20 @@ class FakeEnvd:
         if environ["REQUEST_METHOD"] == "GET":
             target = sb.resolve(query.get("path", ""))
             if not target.exists():
-                return _json(start_response, "404 Not Found", {"code": 404, "message": f"path '{target}' not found"})
+                return _json(
+                    start_response, "404 Not Found", {"code": 404, "message": f"path '{target}' not found"}
+                )
             if target.is_dir():
-                return _json(start_response, "400 Bad Request", {"code": 400, "message": f"path '{target}' is a dir"})
+                return _json(
+                    start_response, "400 Bad Request", {"code": 400, "message": f"path '{target}' is a dir"}
+                )
             start_response("200 OK", [("Content-Type", "application/octet-stream")])
             return [target.read_bytes()]
         ctype = environ.get("CONTENT_TYPE", "")
         if ctype.startswith("multipart/form-data"):
-            msg = email.parser.BytesParser().parsebytes(b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + body)
+            msg = email.parser.BytesParser().parsebytes(
+                b"Content-Type: " + ctype.encode() + b"\r\n\r\n" + body
+            )
             parts = [(p.get_filename() or "", p.get_payload(decode=True) or b"") for p in msg.get_payload()]
             if len(parts) == 1 and query.get("path"):
                 parts = [(query["path"], parts[0][1])]
@@ -281,7 +295,8 @@ class _ProcessService:
         sel = selector.selector if selector is not None else None
         for proc in sb.procs.values():
             if sel is not None and (
-                (sel.field == "pid" and proc.pid == sel.value) or (sel.field == "tag" and proc.tag == sel.value)
+                (sel.field == "pid" and proc.pid == sel.value)
+                or (sel.field == "tag" and proc.tag == sel.value)
             ):
                 return proc
         raise ConnectError(Code.NOT_FOUND, f"process {sel.value if sel else '?'} not found")
@@ -402,11 +417,7 @@ class _FilesystemService:
         if not p.is_dir():
             raise ConnectError(Code.NOT_FOUND, f"directory '{p}' not found")
         depth = max(1, request.depth or 1)
-        entries = [
-            _entry(c)
-            for c in sorted(p.rglob("*"))
-            if len(c.relative_to(p).parts) <= depth
-        ]
+        entries = [_entry(c) for c in sorted(p.rglob("*")) if len(c.relative_to(p).parts) <= depth]
         return fpb.ListDirResponse(entries=entries)
 
     def remove(self, request: fpb.RemoveRequest, ctx: Any) -> fpb.RemoveResponse:

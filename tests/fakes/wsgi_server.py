@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -104,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = next(it, None)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+        except (TimeoutError, BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
             close = getattr(result, "close", None)

@@ -14,12 +14,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.fakes without a shared conftest
 
-from tests.fakes import FAKE_API_KEY, FakeE2B  # noqa: E402
-from tests.fakes.e2b_envd import wait_until  # noqa: E402
-
 from sweflow.errors import SandboxError  # noqa: E402
 from sweflow.sandbox.base import Sandbox  # noqa: E402
 from sweflow.sandbox.e2b import E2BProvider  # noqa: E402
+from tests.fakes import FAKE_API_KEY, FakeE2B  # noqa: E402
+from tests.fakes.e2b_envd import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -196,7 +195,9 @@ def test_unknown_template_is_a_clear_error_without_retries(fake, provider):
 
 
 def test_bad_api_key_is_not_retried(fake):
-    provider = E2BProvider("e2b_wrong_key_0000000000", api_url=fake.control.url, sandbox_url=fake.envd.url, backoff=0.01)
+    provider = E2BProvider(
+        "e2b_wrong_key_0000000000", api_url=fake.control.url, sandbox_url=fake.envd.url, backoff=0.01
+    )
     with pytest.raises(SandboxError, match="(?i)unauthorized|credentials"):
         provider.create("base", timeout=60)
     assert fake.control.count("create") == 1
@@ -271,7 +272,9 @@ def test_template_build_through_the_sdk_builder(fake, provider, inputs):
     assert rec.extra["template_id"] == build.template_id and len(rec.spec_hash) == 64
     spec = build.spec
     assert spec["fromImage"] == inputs["image"]
-    assert spec["startCmd"] == "/opt/sweflow/runtime/bin/python -m sweflow.blackbox --host 0.0.0.0 --port 31000"
+    assert (
+        spec["startCmd"] == "/opt/sweflow/runtime/bin/python -m sweflow.blackbox --host 0.0.0.0 --port 31000"
+    )
     assert "http://127.0.0.1:31000/health" in spec["readyCmd"]
     kinds = [(s["type"], s["args"]) for s in spec["steps"]]
     assert kinds[0] == ("USER", ["root"])
@@ -308,3 +311,18 @@ def test_template_build_missing_input_names_the_file(provider, inputs):
     inputs["runtime_wheel"] = "/nonexistent/sweflow-0.1.0-py3-none-any.whl"
     with pytest.raises(SandboxError, match="/nonexistent/sweflow-0.1.0-py3-none-any.whl"):
         provider.build_template(inputs, "x", poll_interval=0.05)
+
+
+def test_fake_serves_the_sdk_template_build_flow(fake, inputs, tmp_path, monkeypatch):
+    """Template.build itself (not only the provider's background + status calls) works on the fake."""
+    from e2b import BuildException, Template
+
+    from sweflow.sandbox.e2b_template import e2b_template_from_spec
+
+    tpl = e2b_template_from_spec(inputs, context_dir=tmp_path / "ctx")
+    monkeypatch.setattr(Template, "_logs_refresh_frequency", 0.05)
+    info = Template.build(tpl, "direct-build", cpu_count=1, memory_mb=512, **fake.api_params())
+    assert fake.control.builds[info.build_id].status == "ready"
+    fake.control.fail_build_on = "apt-get"
+    with pytest.raises(BuildException, match="apt-get"):
+        Template.build(tpl, "direct-build-2", **fake.api_params())
