@@ -81,6 +81,8 @@ class ClaudeCodeOptions:
     disable_prompt_caching: bool = False
     disable_compaction: bool = False
     disable_subagents: bool = False
+    max_retries: int | None = None  # API retries inside the CLI (CLAUDE_CODE_MAX_RETRIES)
+    api_timeout_ms: int | None = None  # per-request API timeout (API_TIMEOUT_MS)
     extra_args: list[str] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)
 
@@ -136,6 +138,12 @@ class ClaudeCodeOptions:
             ):
                 raise OptionError("backend_options.turn_timeout: expected a positive number of seconds")
             opts.turn_timeout = float(value) if value is not None else None
+        for key in ("max_retries", "api_timeout_ms"):
+            if key in raw:
+                value = raw.pop(key)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                    raise OptionError(f"backend_options.{key}: expected a non-negative integer")
+                setattr(opts, key, value)
         for key in ("disable_prompt_caching", "disable_compaction", "disable_subagents"):
             if key in raw:
                 setattr(opts, key, _as_bool(key, raw.pop(key)))
@@ -220,6 +228,11 @@ def build_env(
         env["DISABLE_PROMPT_CACHING"] = "1"
     if opts.disable_compaction:
         env["DISABLE_COMPACT"] = "1"
+        env["DISABLE_AUTO_COMPACT"] = "1"
+    if opts.max_retries is not None:
+        env["CLAUDE_CODE_MAX_RETRIES"] = str(opts.max_retries)
+    if opts.api_timeout_ms is not None:
+        env["API_TIMEOUT_MS"] = str(opts.api_timeout_ms)
     return env
 
 
@@ -337,6 +350,7 @@ class TurnOutcome:
             "stop_reason": res.get("stop_reason"),
             "subtype": res.get("subtype"),
             "terminal_reason": res.get("terminal_reason"),
+            "api_error": res.get("api_error"),  # e.g. "connection_failed" when the router is unreachable
             "permission_denials": len(res.get("permission_denials") or []),
             "duration": round(self.duration, 3),
             "is_error": bool(res.get("is_error", self.result_event is None)),

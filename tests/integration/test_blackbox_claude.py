@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -52,13 +53,13 @@ def repo(tmp_path: Path) -> Path:
     return path
 
 
-def register(url: str, stub: AnthropicStub, repo: Path, sid: str, mode: str) -> None:
+def register(url: str, router_url: str, repo: Path, sid: str, mode: str, **extra: object) -> None:
     body = {
         "agent_type": "claude_code",
-        "router_url": stub.url,
+        "router_url": router_url,
         "session_id": sid,
         "instance_id": "sweflow__calclib-1",
-        "backend_options": {"working_directory": str(repo), "max_turns": 6, "permission_mode": mode},
+        "backend_options": {"working_directory": str(repo), "max_turns": 6, "permission_mode": mode, **extra},
     }
     status, answer = call(f"{url}/v1/rollout/register", "POST", body)
     assert status == 200, answer
@@ -77,7 +78,7 @@ def test_claude_reads_and_edits_a_file_through_the_blackbox(repo, tmp_path):
         AnthropicStub(policy) as stub,
         BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb,
     ):
-        register(bb.url, stub, repo, sid, "acceptEdits")
+        register(bb.url, stub.url, repo, sid, "acceptEdits")
         status, out = call(
             f"{bb.url}/v1/sessions/{sid}/messages", "POST", {"content": "Fix add() in calc.py."}
         )
@@ -135,7 +136,7 @@ def test_abort_kills_a_running_bash_tool(repo, tmp_path):
         AnthropicStub(policy) as stub,
         BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb,
     ):
-        register(bb.url, stub, repo, sid, "bypassPermissions")
+        register(bb.url, stub.url, repo, sid, "bypassPermissions")
         answer: dict = {}
         worker = threading.Thread(
             target=lambda: answer.update(
@@ -160,3 +161,15 @@ def test_abort_kills_a_running_bash_tool(repo, tmp_path):
             and Path(f"/proc/{shell_pid}/stat").read_text().split()[2] != "Z"
         )
         assert not alive, "the agent's Bash tool survived the abort"
+
+
+def test_unreachable_router_is_a_result_with_is_error(repo, tmp_path):
+    with socket.socket() as sock:  # a loopback port nobody listens on once this socket is closed
+        sock.bind(("127.0.0.1", 0))
+        dead_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb:
+        # The CLI gets ECONNREFUSED and, with no retries, reports an API error as its result.
+        register(bb.url, dead_url, repo, "down-1", "acceptEdits", max_retries=0)
+        status, out = call(f"{bb.url}/v1/sessions/down-1/messages", "POST", {"content": "hi"}, timeout=60)
+    assert status == 200 and out["is_error"] is True and out["api_error"] == "connection_failed"
+    assert (repo / "calc.py").read_text() == BUGGY

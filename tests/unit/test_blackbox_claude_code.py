@@ -27,6 +27,8 @@ def test_options_aliases_switches_and_ignored_keys(tmp_path):
             "nonessential_traffic": False,
             "disallowed_tools": "WebFetch, WebSearch",
             "mystery": 1,
+            "max_retries": 0,
+            "api_timeout_ms": 600000,
         },
         default_workdir="/",
     )
@@ -42,6 +44,7 @@ def test_options_aliases_switches_and_ignored_keys(tmp_path):
     assert resumed[:3] == ["claude", "-p", "hi"] and resumed[resumed.index("--resume") + 1] == "u-1"
     env = build_env(opts, home="/h", router_url="http://r:1/", session_id="s", base={"PATH": "/bin"})
     assert env["DISABLE_PROMPT_CACHING"] == "1" and env["DISABLE_COMPACT"] == "1"
+    assert env["CLAUDE_CODE_MAX_RETRIES"] == "0" and env["API_TIMEOUT_MS"] == "600000"
     assert env["ANTHROPIC_BASE_URL"] == "http://r:1" and env["PATH"] == "/bin"
 
 
@@ -72,6 +75,7 @@ def test_env_drops_inherited_credentials_but_keeps_explicit_env(tmp_path):
         {"model": 3},
         {"turn_timeout": 0},
         {"disable_subagents": "yes"},
+        {"max_retries": -1},
     ],
 )
 def test_bad_options_name_the_option(tmp_path, raw):
