@@ -283,9 +283,8 @@ class _Handler(BaseHTTPRequestHandler):
             }
         else:
             raise _Reply(404, {"error": "not found"})
-        self._send_json(
-            200, body, {"X-Repo-Commit": body.get("sha", "")} if isinstance(body, dict) else {}, head
-        )
+        sha = body.get("sha") if isinstance(body, dict) else None
+        self._send_json(200, body, {"X-Repo-Commit": sha} if sha else {}, head)
 
     def _tree(
         self, repo_id: str, repo_type: str, rev: str, folder: str, recursive: str
