@@ -113,7 +113,9 @@ class ProxyServer:
         return f"http://{host}:{port}"
 
     def start(self) -> ProxyServer:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="proxy-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.05,), name="proxy-http", daemon=True
+        )
         self._thread.start()
         return self
 

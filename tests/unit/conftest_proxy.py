@@ -14,16 +14,16 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.fixtures.tiny_model import tiny_model_path  # noqa: E402
+from tests.fixtures.tiny_model import tiny_model_path, tiny_tokenizer_path  # noqa: E402
 
-__all__ = ["FakeVLLM", "tiny_model_path", "tiny_tokenizer"]
+__all__ = ["FakeVLLM", "tiny_model_path", "tiny_tokenizer", "tiny_tokenizer_path"]
 
 
 def tiny_tokenizer():
     """The tiny fixture tokenizer, loaded with the real AutoTokenizer code (built once per process)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tiny_model_path())
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_path())
 
 
 class FakeVLLM:
