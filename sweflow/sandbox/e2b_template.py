@@ -1,10 +1,11 @@
-"""E2B templates for task images, with the e2b SDK's v2 builder.
+"""E2B templates for task images: a `TemplateSpec` rendered with the e2b SDK's v2 builder.
 
-Every template: the task image (Debian-based), root user, apt packages (+ python3, python3-venv and
-curl, which the runtime and the ready check need), the Claude Code binary at /usr/local/bin/claude,
-the sweflow wheel installed --no-deps into an isolated venv at /opt/sweflow/runtime, and the
-blackbox server as start command, ready when its /health answers. E2B runs the start command at
-build time and snapshots the sandbox with it running.
+The recipe is the spec's own (`TemplateSpec.steps()`, shared with the Docker backend): the task
+image (Debian-based) as root, apt packages (+ curl for the ready check), the Claude Code binary at
+/usr/local/bin/claude, the sweflow wheel installed --no-deps into the isolated venv at
+/opt/sweflow/runtime; then workdir /testbed and the blackbox server as start command, ready when its
+/health answers. E2B runs the start command at build time and snapshots the sandbox with it running
+(it does not see the envs given to Sandbox.create).
 
 The SDK copies files relative to a context folder; the binary and the wheel are staged there
 under stable names (hard links when possible), so the files hash, and the spec hash, do not depend
@@ -13,6 +14,7 @@ on where the inputs live on this machine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +23,6 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,66 +30,67 @@ from e2b import Template, TemplateClass, wait_for_url
 
 from ..errors import SandboxError
 from ..util import sha256_bytes, stable_json
-from .base import BLACKBOX_PORT, TemplateRecord
+from .base import TemplateRecord
+from .spec import TemplateSpec
 
 if TYPE_CHECKING:
     from .e2b import E2BProvider
 
 log = logging.getLogger("sweflow.sandbox.e2b")
 
-RUNTIME_DIR = "/opt/sweflow/runtime"
-WHEEL_DIR = "/opt/sweflow/wheels"
-CLAUDE_PATH = "/usr/local/bin/claude"
-DEFAULT_START_CMD = f"{RUNTIME_DIR}/bin/python -m sweflow.blackbox --host 0.0.0.0 --port {BLACKBOX_PORT}"
-DEFAULT_HEALTH_URL = f"http://127.0.0.1:{BLACKBOX_PORT}/health"
-REQUIRED_PACKAGES = ("python3", "python3-venv", "curl")
-_FIELDS = ("image", "packages", "claude_binary", "runtime_wheel", "start_cmd", "health_url")
+READY_PACKAGES = ("curl",)  # wait_for_url's ready check runs curl
+WORKDIR = "/testbed"
+_FIELDS = (
+    "image",
+    "packages",
+    "claude_binary",
+    "runtime_wheel",
+    "start_cmd",
+    "health_url",
+    "cpu",
+    "memory_mb",
+    "env",
+)
 
 
-@dataclass(frozen=True)
-class E2BTemplateInputs:
-    """What an E2B template is made of; read from a TemplateSpec, a mapping or keywords."""
+def template_inputs(spec: Any = None, **fields: Any) -> TemplateSpec:
+    """The TemplateSpec to render: `spec` itself, or one made from a mapping / keywords (keywords override).
 
-    image: str
-    claude_binary: Path
-    runtime_wheel: Path
-    packages: tuple[str, ...] = ()
-    start_cmd: str = DEFAULT_START_CMD
-    health_url: str = DEFAULT_HEALTH_URL
-    cpu: int | None = None
-    memory_mb: int | None = None
-
-
-def template_inputs(spec: Any = None, **fields: Any) -> E2BTemplateInputs:
-    """Collect the template fields from `spec` (object with attributes, or mapping) and keyword overrides."""
-    if isinstance(spec, E2BTemplateInputs) and not fields:
-        return spec
-    got: dict[str, Any] = {}
-    for key in (*_FIELDS, "cpu", "memory_mb"):
-        if isinstance(spec, Mapping) and key in spec:
-            got[key] = spec[key]
-        elif spec is not None and not isinstance(spec, Mapping) and getattr(spec, key, None) is not None:
-            got[key] = getattr(spec, key)
+    E2B templates need the Claude binary and the runtime wheel, so both are required here."""
+    if isinstance(spec, TemplateSpec):
+        got: dict[str, Any] = {}
+        base: TemplateSpec | None = spec
+    elif isinstance(spec, Mapping):
+        got, base = dict(spec), None
+    elif spec is None:
+        got, base = {}, None
+    else:  # any object with the TemplateSpec attributes
+        got = {k: getattr(spec, k) for k in _FIELDS if getattr(spec, k, None) is not None}
+        base = None
     got.update({k: v for k, v in fields.items() if v is not None})
-    unknown = set(got) - set(_FIELDS) - {"cpu", "memory_mb"}
+    unknown = set(got) - set(_FIELDS)
     if unknown:
         raise SandboxError(f"unknown template fields {sorted(unknown)}", field="e2b template")
-    for key in ("image", "claude_binary", "runtime_wheel"):
-        if not got.get(key):
-            raise SandboxError("missing template field", field=key, file=str(got.get("image", "")) or None)
-    return E2BTemplateInputs(
-        image=str(got["image"]),
-        claude_binary=Path(got["claude_binary"]),
-        runtime_wheel=Path(got["runtime_wheel"]),
-        packages=tuple(got.get("packages") or ()),
-        start_cmd=got.get("start_cmd") or DEFAULT_START_CMD,
-        health_url=got.get("health_url") or DEFAULT_HEALTH_URL,
-        cpu=got.get("cpu"),
-        memory_mb=got.get("memory_mb"),
-    )
+    for key in ("claude_binary", "runtime_wheel"):
+        if key in got:
+            got[key] = Path(got[key])
+    if "packages" in got:
+        got["packages"] = tuple(got["packages"])
+    if "env" in got and isinstance(got["env"], Mapping):
+        got["env"] = tuple(sorted(got["env"].items()))
+    if base is None:
+        if not got.get("image"):
+            raise SandboxError("missing template field", field="image")
+        out = TemplateSpec(**got)
+    else:
+        out = dataclasses.replace(base, **got)
+    for key in ("claude_binary", "runtime_wheel"):
+        if getattr(out, key) is None:
+            raise SandboxError("missing template field", field=key, file=out.image)
+    return out
 
 
-def _stage(src: Path, dst: Path) -> None:
+def _stage(src: Path, dst: Path, mode: int) -> None:
     if not src.is_file():
         raise SandboxError("file not found", file=str(src), hint="build or download it before the template")
     dst.unlink(missing_ok=True)
@@ -96,48 +98,48 @@ def _stage(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copyfile(src, dst)
-    # the SDK hashes the mode: fix it so the hash depends on content only
-    os.chmod(dst, 0o755 if dst.name == "claude" else 0o644)
+    # the SDK hashes the mode: fix it so the files hash depends on content only
+    os.chmod(dst, mode)
 
 
 def e2b_template_from_spec(
     spec: Any = None, *, context_dir: str | os.PathLike | None = None, **fields: Any
 ) -> TemplateClass:
-    """The v2 builder Template for a spec. The inputs are staged into `context_dir` (a fresh temp
+    """The v2 builder Template rendering `spec.steps()` (the same recipe the Docker backend renders).
+
+    Copied inputs are staged into `context_dir` under their destination's base name (a fresh temp
     folder, removed with the template object, when None); it must outlive a build of the template."""
-    inp = template_inputs(spec, **fields)
-    if context_dir is None:
-        ctx = Path(tempfile.mkdtemp(prefix="sweflow-e2b-ctx-"))
-    else:
-        ctx = Path(context_dir)
-        ctx.mkdir(parents=True, exist_ok=True)
-    wheel_name = inp.runtime_wheel.name
+    spec = template_inputs(spec, **fields)
+    ctx = Path(tempfile.mkdtemp(prefix="sweflow-e2b-ctx-")) if context_dir is None else Path(context_dir)
+    ctx.mkdir(parents=True, exist_ok=True)
     try:
-        _stage(inp.claude_binary, ctx / "claude")
-        _stage(inp.runtime_wheel, ctx / wheel_name)
+        template = _render(spec, ctx)
     except BaseException:
         if context_dir is None:
             shutil.rmtree(ctx, ignore_errors=True)
         raise
-    packages = list(dict.fromkeys([*inp.packages, *REQUIRED_PACKAGES]))
-    template = (
-        Template(file_context_path=str(ctx))
-        .from_image(inp.image)
-        .set_user("root")
-        .apt_install(packages, no_install_recommends=True)
-        .copy("claude", CLAUDE_PATH, mode=0o755)
-        .copy(wheel_name, f"{WHEEL_DIR}/{wheel_name}", mode=0o644)
-        .run_cmd(
-            [
-                f"python3 -m venv {RUNTIME_DIR}",
-                f"{RUNTIME_DIR}/bin/pip install --no-deps --no-index {WHEEL_DIR}/{wheel_name}",
-            ]
-        )
-        .set_start_cmd(inp.start_cmd, wait_for_url(inp.health_url))
-    )
     if context_dir is None:
         weakref.finalize(template, shutil.rmtree, str(ctx), True)
     return template
+
+
+def _render(spec: TemplateSpec, ctx: Path) -> TemplateClass:
+    builder = Template(file_context_path=str(ctx)).from_image(spec.image).set_user("root")
+    for step in spec.steps():
+        if step.kind == "apt":
+            packages = list(dict.fromkeys([*step.args, *READY_PACKAGES]))
+            builder = builder.apt_install(packages, no_install_recommends=True)
+        elif step.kind == "copy":
+            staged = Path(step.dest).name
+            _stage(Path(step.src), ctx / staged, step.mode)
+            builder = builder.copy(staged, step.dest, mode=step.mode)
+        elif step.kind == "run":
+            builder = builder.run_cmd(step.args[0])
+        else:
+            raise SandboxError(f"unknown build step kind {step.kind!r}", file=spec.image, field="steps")
+    if spec.env:
+        builder = builder.set_envs(dict(spec.env))
+    return builder.set_workdir(WORKDIR).set_start_cmd(spec.start_cmd, wait_for_url(spec.health_url))
 
 
 def template_steps(template: TemplateClass) -> list[dict[str, Any]]:
@@ -189,12 +191,12 @@ def build_e2b_template(
     inp = template_inputs(spec, **fields)
     if not name:
         raise SandboxError("template name is required", file=inp.image, field="name")
-    cpu = cpu_count or inp.cpu or 2
-    mem = memory_mb or inp.memory_mb or 2048
+    cpu = cpu_count or inp.cpu
+    mem = memory_mb or inp.memory_mb
     with tempfile.TemporaryDirectory(prefix="sweflow-e2b-ctx-") as ctx:
         template = e2b_template_from_spec(inp, context_dir=ctx)
         steps = template_steps(template)
-        spec_hash = template_spec_hash(template)
+        e2b_hash = template_spec_hash(template)
         what = f"E2B template build request for {name!r}"
         info = provider.call(
             lambda: Template.build_in_background(
@@ -210,9 +212,14 @@ def build_e2b_template(
         image=inp.image,
         provider="e2b",
         template=name,
-        spec_hash=spec_hash,
+        spec_hash=inp.spec_hash(),
         build_id=str(info.build_id),
-        extra={"template_id": str(info.template_id), "cpu_count": cpu, "memory_mb": mem},
+        extra={
+            "template_id": str(info.template_id),
+            "cpu_count": cpu,
+            "memory_mb": mem,
+            "e2b_template_hash": e2b_hash,
+        },
     )
 
 
@@ -247,14 +254,14 @@ def _wait_for_build(
             where = describe_step(reason.step if reason else None, steps, image)
             message = provider.clean(reason.message) if reason else "no reason given"
             raise SandboxError(
-                f"E2B template build {info.build_id} failed at {where}: {message}",
+                f"E2B template build {info.build_id} failed: {message}",
                 file=image,
-                field="e2b template",
+                field=where,
             )
         if time.monotonic() > deadline:
             raise SandboxError(
                 f"E2B template build {info.build_id} still {state} after {build_timeout:.0f}s",
                 file=image,
-                field="e2b template",
+                field="build",
             )
         time.sleep(poll_interval)

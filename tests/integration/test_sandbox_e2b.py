@@ -17,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.fakes 
 from sweflow.errors import SandboxError  # noqa: E402
 from sweflow.sandbox.base import Sandbox  # noqa: E402
 from sweflow.sandbox.e2b import E2BProvider  # noqa: E402
+from sweflow.sandbox.e2b_template import template_inputs  # noqa: E402
+from sweflow.sandbox.spec import DEFAULT_START_CMD, TemplateSpec  # noqa: E402
 from tests.fakes import FAKE_API_KEY, FakeE2B  # noqa: E402
 from tests.fakes.e2b_envd import wait_until  # noqa: E402
 
@@ -269,12 +271,11 @@ def test_template_build_through_the_sdk_builder(fake, provider, inputs):
     assert (rec.provider, rec.template, rec.image) == ("e2b", "sweflow-calclib-1", inputs["image"])
     build = fake.control.builds[rec.build_id]
     assert (build.cpu_count, build.memory_mb, build.status) == (2, 1024, "ready")
-    assert rec.extra["template_id"] == build.template_id and len(rec.spec_hash) == 64
+    assert rec.extra["template_id"] == build.template_id
+    assert rec.spec_hash == template_inputs(inputs).spec_hash()  # the provider-neutral spec hash
     spec = build.spec
     assert spec["fromImage"] == inputs["image"]
-    assert (
-        spec["startCmd"] == "/opt/sweflow/runtime/bin/python -m sweflow.blackbox --host 0.0.0.0 --port 31000"
-    )
+    assert spec["startCmd"] == DEFAULT_START_CMD
     assert "http://127.0.0.1:31000/health" in spec["readyCmd"]
     kinds = [(s["type"], s["args"]) for s in spec["steps"]]
     assert kinds[0] == ("USER", ["root"])
@@ -296,7 +297,8 @@ def test_template_build_failure_names_image_and_step(fake, provider, inputs):
     with pytest.raises(SandboxError) as err:
         provider.build_template(inputs, "broken", poll_interval=0.05)
     msg = str(err.value)
-    assert inputs["image"] in msg and "step 5 (RUN python3 -m venv" in msg and "exit status 1" in msg
+    assert inputs["image"] in msg and "exit status 1" in msg
+    assert "field 'step 5 (RUN set -e; /usr/bin/python3 -m venv" in msg
 
 
 def test_template_build_request_5xx_is_retried(fake, provider, inputs):
@@ -326,3 +328,23 @@ def test_fake_serves_the_sdk_template_build_flow(fake, inputs, tmp_path, monkeyp
     fake.control.fail_build_on = "apt-get"
     with pytest.raises(BuildException, match="apt-get"):
         Template.build(tpl, "direct-build-2", **fake.api_params())
+
+
+def test_pipeline_build_template_with_the_e2b_provider(fake, provider, inputs):
+    """sweflow.sandbox.build (the build_template rule's entry) drives this provider with a TemplateSpec."""
+    from sweflow.sandbox.build import build_template
+
+    spec = TemplateSpec(
+        image=inputs["image"],
+        claude_binary=Path(inputs["claude_binary"]),
+        runtime_wheel=Path(inputs["runtime_wheel"]),
+        cpu=1,
+        memory_mb=512,
+    )
+    rec = build_template(provider, spec.image, spec=spec, attempts=1)
+    assert rec.spec_hash == spec.spec_hash() and rec.provider == "e2b"
+    build = fake.control.builds[rec.build_id]
+    assert (build.cpu_count, build.memory_mb, build.name) == (1, 512, rec.template)
+    fake.control.fail_build_on = "apt-get"
+    with pytest.raises(SandboxError, match="step 2 \\(RUN apt-get update"):
+        build_template(provider, spec.image, spec=spec, name="other", attempts=1)

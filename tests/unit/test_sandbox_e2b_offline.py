@@ -20,13 +20,13 @@ from e2b import (
 from sweflow.errors import SandboxError
 from sweflow.sandbox.e2b import E2BProvider, _TailBuffer, is_transient
 from sweflow.sandbox.e2b_template import (
-    DEFAULT_START_CMD,
     describe_step,
     e2b_template_from_spec,
     template_inputs,
     template_spec_hash,
     template_steps,
 )
+from sweflow.sandbox.spec import DEFAULT_START_CMD, RUNTIME_DIR, WHEEL_DIR, TemplateSpec, runtime_install_cmd
 
 IMAGE = "sweflow-sample/sweb.eval.x86_64.sweflow_s_calclib-1:latest"
 
@@ -48,17 +48,28 @@ def test_to_dockerfile_offline(files):
     lines = Template.to_dockerfile(tpl).splitlines()
     assert lines[0] == f"FROM {IMAGE}"
     assert lines[1] == "USER root"
-    assert lines[2].startswith("RUN apt-get update && ") and lines[2].endswith(
-        "git python3 python3-venv curl"
-    )
+    assert lines[2].startswith("RUN apt-get update && ")
+    assert lines[2].endswith("install -y --no-install-recommends git python3 python3-venv curl")
     assert lines[3] == "COPY claude /usr/local/bin/claude"
-    assert lines[4] == f"COPY {wheel.name} /opt/sweflow/wheels/{wheel.name}"
-    assert lines[5] == (
-        "RUN python3 -m venv /opt/sweflow/runtime && /opt/sweflow/runtime/bin/pip install --no-deps "
-        f"--no-index /opt/sweflow/wheels/{wheel.name}"
+    assert lines[4] == f"COPY {wheel.name} {WHEEL_DIR}/{wheel.name}"
+    assert lines[5] == f"RUN {runtime_install_cmd(f'{WHEEL_DIR}/{wheel.name}')}"
+    assert f"-m venv {RUNTIME_DIR}" in lines[5] and "--no-deps" in lines[5]
+    assert lines[6] == "WORKDIR /testbed"
+    assert lines[7] == f"ENTRYPOINT {DEFAULT_START_CMD}"
+    assert (
+        f"{RUNTIME_DIR}/bin/python -m sweflow.blackbox" in DEFAULT_START_CMD and "31000" in DEFAULT_START_CMD
     )
-    assert lines[6] == f"ENTRYPOINT {DEFAULT_START_CMD}"
-    assert DEFAULT_START_CMD.endswith("-m sweflow.blackbox --host 0.0.0.0 --port 31000")
+
+
+def test_renders_a_template_spec_and_its_env(files):
+    claude, wheel = files
+    spec = TemplateSpec(image=IMAGE, claude_binary=claude, runtime_wheel=wheel, env=(("LANG", "C.UTF-8"),))
+    lines = Template.to_dockerfile(e2b_template_from_spec(spec)).splitlines()
+    assert "ENV LANG=C.UTF-8" in lines
+    apt = lines[2]
+    for pkg in (*spec.packages, "python3", "python3-venv"):
+        assert f" {pkg}" in apt
+    assert apt.count(" curl") == 1  # already in the spec's packages: not added twice
 
 
 def test_to_json_has_ready_check_modes_and_hashes(files):
