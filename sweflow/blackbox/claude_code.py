@@ -351,6 +351,7 @@ class TurnOutcome:
             "subtype": res.get("subtype"),
             "terminal_reason": res.get("terminal_reason"),
             "api_error": res.get("api_error"),  # e.g. "connection_failed" when the router is unreachable
+            "errors": [_clip(str(e), 2_000) for e in res.get("errors") or []][:20],
             "permission_denials": len(res.get("permission_denials") or []),
             "duration": round(self.duration, 3),
             "is_error": bool(res.get("is_error", self.result_event is None)),
@@ -380,8 +381,18 @@ class ClaudeCodeAgent:
         self.home = os.path.join(runtime_dir, "home")
         self.binary = resolve_binary(opts.binary, binary)
         self.claude_session = str(uuid.uuid4())
-        self.started = False  # True once the CLI has created the conversation (then turns resume it)
         prepare_home(self.home, opts.working_directory)
+
+    def has_transcript(self) -> bool:
+        """Whether the CLI saved this conversation (then the next turn resumes it, else it starts it)."""
+        projects = os.path.join(self.home, ".claude", "projects")
+        try:
+            return any(
+                os.path.exists(os.path.join(projects, d, f"{self.claude_session}.jsonl"))
+                for d in os.listdir(projects)
+            )
+        except OSError:
+            return False
 
     def run_turn(
         self,
@@ -404,7 +415,6 @@ class ClaudeCodeAgent:
             with lock:
                 state["count"] += 1
                 if event.get("type") == "system" and event.get("subtype") == "init":
-                    self.started = True
                     if isinstance(event.get("session_id"), str):
                         self.claude_session = event["session_id"]
                 elif event.get("type") == "result":
@@ -415,7 +425,11 @@ class ClaudeCodeAgent:
         stderr = TailBuffer(8_000)
         # Prompts go on stdin: one argv string is capped at 128 KiB by the kernel.
         argv = build_argv(
-            self.binary, self.opts, claude_session=self.claude_session, resume=self.started, prompt=None
+            self.binary,
+            self.opts,
+            claude_session=self.claude_session,
+            resume=self.has_transcript(),
+            prompt=None,
         )
         env = build_env(self.opts, home=self.home, router_url=self.router_url, session_id=self.session_id)
         try:

@@ -37,6 +37,10 @@ FAKE_AGENT = textwrap.dedent(
     if prompt == "crash":
         print("boom: fake agent crashed", file=sys.stderr, flush=True)
         sys.exit(3)
+    # Like the CLI: the conversation is saved under $HOME/.claude/projects/<cwd>/<session>.jsonl.
+    project = os.path.join(os.environ["HOME"], ".claude", "projects", os.getcwd().replace("/", "-"))
+    os.makedirs(project, exist_ok=True)
+    open(os.path.join(project, sid + ".jsonl"), "a").write(json.dumps({"prompt": prompt}) + "\\n")
     if prompt.startswith("stubborn:"):
         # Like Claude Code's Bash tool: the child lives in its own session; and this parent ignores SIGTERM.
         import signal
@@ -276,7 +280,7 @@ def test_inherited_api_key_is_not_passed_to_the_agent(env, monkeypatch):
 
 
 def test_agent_crash_is_500_with_stderr_tail(env):
-    url, _, _, body = env
+    url, log, _, body = env
     call(f"{url}/v1/rollout/register", "POST", body)
     status, err = call(f"{url}/v1/sessions/sess-1/messages", "POST", {"content": "crash"})
     assert status == 500 and err["error"]["type"] == "agent_crash"
@@ -285,6 +289,9 @@ def test_agent_crash_is_500_with_stderr_tail(env):
     assert snap["last_error"]["type"] == "agent_crash" and snap["turns"][0]["status"] == "crashed"
     assert snap["state"] == "idle"  # the session stays usable
     assert call(f"{url}/v1/sessions/sess-1/messages", "POST", {"content": "ok"})[0] == 200
+    # The crashed turn saved no conversation, so the next one starts it instead of resuming.
+    first, second = log_entries(log)
+    assert "--session-id" in second["argv"] and "--resume" not in second["argv"]
 
 
 def test_missing_agent_binary_is_500(env):
