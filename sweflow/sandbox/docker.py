@@ -240,8 +240,13 @@ class _DockerBackground:
         return self._result
 
     def kill(self) -> None:
+        """Kill the command's process group; the wrapper dies too, so record exit 137 on its behalf."""
         if not self.sb.killed:
-            self.sb.run(f"kill -KILL -- -$(cat {BG_DIR}/{self.n}.pid) 2>/dev/null; true", timeout=30)
+            d = f"{BG_DIR}/{self.n}"
+            self.sb.run(
+                f"kill -KILL -- -$(cat {d}.pid) 2>/dev/null; sleep 0.1; [ -e {d}.rc ] || echo 137 > {d}.rc",
+                timeout=30,
+            )
 
 
 class DockerSandbox(SandboxBase):

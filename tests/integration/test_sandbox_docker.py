@@ -1,0 +1,220 @@
+"""The Docker backend against the real engine: debootstrap base, task image, template build, sandboxes, smoke.
+
+The first run is slow (debootstrap, Claude Code download); both are cached under $SWEFLOW_CACHE
+(default ~/.cache/sweflow), so reruns only rebuild the template when the sweflow sources changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+
+import pytest
+
+from sweflow.errors import SandboxError
+from sweflow.sandbox.base import BLACKBOX_PORT
+from sweflow.sandbox.build import build_and_record
+from sweflow.sandbox.smoke import smoke
+from sweflow.sandbox.spec import TemplateSpec, template_name
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker]
+CLAUDE_VERSION = os.environ.get("SWEFLOW_CLAUDE_VERSION", "2.1.332")
+
+
+def _docker_or_skip():
+    docker = pytest.importorskip("docker")
+    try:
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no Docker engine: {exc}")
+    return client
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    client = _docker_or_skip()
+    from sweflow.sample import materialize_repo, sample_rows
+    from sweflow.sandbox.artifacts import artifact_paths, prepare_artifacts
+    from sweflow.sandbox.docker import DockerProvider
+    from sweflow.sandbox.images import build_base_image, build_sample_images, cache_dir
+
+    tmp = tmp_path_factory.mktemp("docker")
+    build_base_image()
+    art_dir = cache_dir().parent / "artifacts" / CLAUDE_VERSION
+    manifest = prepare_artifacts(art_dir, CLAUDE_VERSION)
+    paths = artifact_paths(art_dir, manifest)
+    info = materialize_repo(tmp / "calclib")
+    row = sample_rows("train")[0]
+    [task_image] = build_sample_images([row], repo_path=info.path)
+    spec = TemplateSpec(image=task_image, claude_binary=paths["claude"], runtime_wheel=paths["wheel"])
+    provider = DockerProvider(network="host")
+    rec = build_and_record(provider, task_image, tmp / "record.json", spec=spec, attempts=2, backoff=1)
+    assert rec["ok"], rec
+    return {"client": client, "host": provider, "none": DockerProvider(network="none"), "template": rec["template"],
+            "task_image": task_image, "row": row, "tmp": tmp, "spec": spec, "record": rec}  # fmt: skip
+
+
+def test_base_and_task_image_layout(env):
+    """A plain task image (CMD bash) works as a sandbox too: nothing is served, the keep-alive runs."""
+    row = env["row"]
+    with env["none"].create(env["task_image"], timeout=120) as sb:
+        r = sb.run(
+            "git rev-parse HEAD; git remote | wc -l; source /opt/miniconda3/bin/activate && conda activate testbed"
+            " && which python && python -m pytest --version 2>&1 | head -1",
+            timeout=60,
+        )
+        assert r.ok, r
+        lines = r.stdout.splitlines()
+        assert lines[:3] == [row["base_commit"], "0", "/opt/miniconda3/envs/testbed/bin/python"]
+        assert lines[3].startswith("pytest ")
+
+
+def test_template_has_claude_isolated_runtime_and_record(env):
+    rec = env["record"]
+    assert rec["template"] == template_name(env["task_image"]) and rec["spec_hash"] == env["spec"].spec_hash()
+    assert rec["digest"].startswith("sha256:")
+    with env["none"].create(env["template"], timeout=120) as sb:
+        r = sb.run("claude --version", timeout=60)
+        assert r.ok and r.stdout.startswith(CLAUDE_VERSION), r
+        r = sb.run("/opt/sweflow/runtime/bin/python -c 'import sweflow.blackbox, sweflow; print(sweflow.__file__)'",
+                   timeout=60)  # fmt: skip
+        assert r.ok and r.stdout.startswith("/opt/sweflow/runtime/lib/"), r
+        r = sb.run("source /opt/miniconda3/bin/activate; conda activate testbed; python -c 'import sweflow'",
+                   timeout=60)  # fmt: skip
+        assert r.exit_code == 1 and "No module named 'sweflow'" in r.stderr, "the task's python stays untouched"
+
+
+def test_run_env_cwd_timeout_files_background(env):
+    with env["none"].create(env["template"], timeout=300, env={"FOO": "bar"}) as sb:
+        r = sb.run("pwd; echo $FOO $BAZ; echo err >&2; exit 5", timeout=30, env={"BAZ": "qux"})
+        assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (5, "/testbed\nbar qux\n", "err\n", False)
+        assert sb.run("pwd", timeout=30, cwd="/tmp").stdout == "/tmp\n"
+        t0 = time.monotonic()
+        r = sb.run("(sleep 30; touch /tmp/late) & sleep 30", timeout=2)
+        assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 15
+        assert sb.run("sleep 0.5; test -e /tmp/late || echo absent", timeout=10).stdout == "absent\n"
+        blob = bytes(range(256)) * 1000
+        sb.write_file("/tmp/a/b/blob.bin", blob)
+        assert sb.read_file("/tmp/a/b/blob.bin") == blob
+        sb.write_file("/testbed/new.txt", "héllo")
+        assert sb.run("cat /testbed/new.txt", timeout=10).stdout == "héllo"
+        with pytest.raises(SandboxError, match="read_file"):
+            sb.read_file("/tmp/nope")
+        bg = sb.start("echo hi; sleep 0.5; echo bye >&2; exit 4")
+        deadline = time.monotonic() + 30
+        while (res := bg.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert res is not None and (res.exit_code, res.stdout, res.stderr) == (4, "hi\n", "bye\n")
+        long = sb.start("sleep 120")
+        time.sleep(0.5)
+        assert long.poll() is None
+        long.kill()
+        time.sleep(0.5)
+        assert long.poll().exit_code == 137 and "sleep 120" not in sb.run("ps -eo args", timeout=10).stdout
+
+
+def test_kill_removes_container_and_lifetime_timeout(env):
+    import docker
+
+    sb = env["none"].create(env["template"], timeout=300, metadata={"purpose": "kill-test"})
+    cid = sb.container.id
+    assert env["client"].containers.get(cid).labels["sweflow.meta.purpose"] == "kill-test"
+    sb.kill()
+    sb.kill()
+    with pytest.raises(docker.errors.NotFound):
+        env["client"].containers.get(cid)
+    with pytest.raises(SandboxError, match="already killed"):
+        sb.run("true", timeout=5)
+    short = env["none"].create(env["template"], timeout=1)
+    time.sleep(3)
+    assert short.killed
+    with pytest.raises(docker.errors.NotFound):
+        env["client"].containers.get(short.container.id)
+
+
+def test_resource_limits_are_applied_and_enforced(env):
+    from sweflow.sandbox.docker import DockerProvider
+
+    p = DockerProvider(network="none", cpu=1, memory_mb=256, pids_limit=64, start_server=False)
+    with p.create(env["task_image"], timeout=120) as sb:
+        hc = env["client"].containers.get(sb.container.id).attrs["HostConfig"]
+        assert (hc["NanoCpus"], hc["Memory"], hc["PidsLimit"]) == (10**9, 256 * 2**20, 64)
+        r = sb.run("python3 -c 'b = bytearray(600 * 2**20); print(len(b))'", timeout=60)
+        assert r.exit_code == 137 and not r.stdout, "the memory limit kills the allocation"
+        assert sb.run("echo alive", timeout=10).stdout == "alive\n"
+
+
+def test_smoke_with_host_and_none_networks(env):
+    host = smoke(env["host"], env["template"])
+    assert host["ok"] and host["host_reachable"] and host["template"] == env["template"]
+    assert "version" in host["status_keys"] and host["version"]
+    none = smoke(env["none"], env["template"])
+    assert none["ok"] and not none["host_reachable"] and none["version"] == host["version"]
+
+
+def test_host_network_gives_each_sandbox_its_own_port(env):
+    with env["host"].create(env["template"], timeout=120) as a, env["host"].create(env["template"], timeout=120) as b:
+        urls = {a.port_url(BLACKBOX_PORT), b.port_url(BLACKBOX_PORT)}
+        assert len(urls) == 2
+        for url in urls:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                        assert json.loads(resp.read())["healthy"] is True
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.3)
+    with env["none"].create(env["template"], timeout=120) as c:
+        with pytest.raises(SandboxError, match="not reachable from the host"):
+            c.port_url(BLACKBOX_PORT)
+        assert c.run("curl -fsS http://127.0.0.1:31000/health", timeout=30).ok or _eventually_healthy(c)
+
+
+def _eventually_healthy(sb) -> bool:
+    for _ in range(60):
+        if sb.run("curl -fsS http://127.0.0.1:31000/health", timeout=10).ok:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_failed_builds_are_recorded_and_others_still_build(env):
+    tmp, task = env["tmp"], env["task_image"]
+    jobs = {
+        "missing": TemplateSpec(image="sweflow-sample/does-not-exist:latest"),
+        "badrun": TemplateSpec(image=task, packages=("sweflow-no-such-package",)),
+        "good": TemplateSpec(image=task, env=(("SWEFLOW_TEST_MARK", "1"),)),
+    }
+    names = {"missing": None, "badrun": "sweflow-test-badrun", "good": "sweflow-test-good"}
+    out = {
+        k: build_and_record(env["host"], s.image, tmp / f"{k}.json", spec=s, name=names[k], attempts=1)
+        for k, s in jobs.items()
+    }
+    assert out["missing"]["ok"] is False and out["missing"]["image"] == "sweflow-sample/does-not-exist:latest"
+    assert out["missing"]["step"] == "FROM" and "not found" in out["missing"]["error"]
+    assert out["badrun"]["ok"] is False and out["badrun"]["image"] == task
+    assert out["badrun"]["step"].startswith("Step 3/") and "RUN" in out["badrun"]["step"]
+    assert task in out["badrun"]["error"]
+    assert out["good"]["ok"] is True
+    assert json.loads((tmp / "badrun.json").read_text()) == out["badrun"]
+    with env["none"].create("sweflow-test-good", timeout=60) as sb:
+        assert sb.run("echo $SWEFLOW_TEST_MARK", timeout=30).stdout == "1\n"
+    with pytest.raises(SandboxError) as ei:
+        smoke(env["none"], "sweflow-test-badrun")
+    assert ei.value.file == "sweflow-test-badrun" and ei.value.field == "create"
+
+
+def test_local_template_from_task_image(env, tmp_path):
+    """The local backend exports /testbed from a task image with the docker CLI."""
+    from sweflow.sandbox.local import LocalProvider
+
+    local = LocalProvider(tmp_path / "templates", start_server=False, testbed_requirements=())
+    rec = local.build(TemplateSpec(image=env["task_image"]), "from-image")
+    assert rec.template == "from-image"
+    with local.create("from-image", timeout=60) as sb:
+        assert sb.run("git rev-parse HEAD", timeout=30).stdout.strip() == env["row"]["base_commit"]
