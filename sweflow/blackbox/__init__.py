@@ -5,9 +5,10 @@ Start it with `python -m sweflow.blackbox --host 0.0.0.0 --port 31000`, or in-pr
 runtime that has nothing but the sweflow wheel.
 """
 
-from .claude_code import ClaudeCodeAgent, ClaudeCodeOptions, build_argv, build_env, event_outputs, parse_line
+from .claude_code import ClaudeCodeAgent, ClaudeCodeOptions, build_argv, build_env
 from .server import BlackboxServer
 from .sessions import ID_RE, ApiError, Session, SessionManager
+from .stream import TurnOutcome, event_outputs, parse_line
 
 __all__ = [
     "ID_RE",
@@ -17,6 +18,7 @@ __all__ = [
     "ClaudeCodeOptions",
     "Session",
     "SessionManager",
+    "TurnOutcome",
     "build_argv",
     "build_env",
     "event_outputs",

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweflow.blackbox.claude_code import (
-    ClaudeCodeOptions,
-    OptionError,
-    build_argv,
-    build_env,
-    event_outputs,
-    parse_line,
-)
+from sweflow.blackbox.claude_code import ClaudeCodeOptions, OptionError, build_argv, build_env
+from sweflow.blackbox.stream import event_outputs, parse_line
 
 
 def test_options_aliases_switches_and_ignored_keys(tmp_path):
