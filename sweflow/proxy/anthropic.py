@@ -133,12 +133,15 @@ def system_text(system: str | list[dict] | None) -> str:
     return _block_text(system)
 
 
-def to_chat_messages(system: str | list[dict] | None, messages: list[dict]) -> list[dict]:
+def to_chat_messages(
+    system: str | list[dict] | None, messages: list[dict], *, midlist_system: str = "system"
+) -> list[dict]:
     """Anthropic system + messages -> chat-template messages.
 
     tool_use -> assistant `tool_calls` (arguments as a dict), tool_result -> role "tool" messages (in block
-    order, before any text of the same user turn that follows them), thinking -> `reasoning_content`,
-    mid-list role "system" messages are kept as system messages.
+    order, before any text of the same user turn that follows them), thinking -> `reasoning_content`.
+    Mid-list role "system" messages keep role `midlist_system` ("system", or "user" for templates that
+    only accept a leading system message).
     """
     out: list[dict] = []
     sys_text = system_text(system)
@@ -147,6 +150,8 @@ def to_chat_messages(system: str | list[dict] | None, messages: list[dict]) -> l
     tool_names: dict[str, str] = {}
     for msg in messages:
         role, content = msg["role"], msg["content"]
+        if role == "system" and out:
+            role = midlist_system
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue

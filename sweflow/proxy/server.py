@@ -17,6 +17,7 @@ import concurrent.futures
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class ProxyConfig:
     engine_timeout_s: float = 600.0
     pause_timeout_s: float | None = None
     implicit_sessions: bool = False
+    midlist_system: str = "system"  # role for mid-list system messages; falls back to "user" if refused
     admin_token: str | None = None
     stop_token_ids: list[int] | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -205,20 +207,25 @@ class ProxyServer:
     # ------------------------------------------------------------------ messages
     def render(self, req: an.MessagesRequest) -> list[int]:
         """Request -> prompt token ids through the tokenizer's chat template."""
-        chat = an.to_chat_messages(req.system, req.messages)
-        tools = an.to_chat_tools(req.tools)
+        tools = an.to_chat_tools(req.tools) or None
+        kwargs = self.config.chat_template_kwargs
+        chat = an.to_chat_messages(req.system, req.messages, midlist_system=self.config.midlist_system)
         try:
             text = self.tokenizer.apply_chat_template(
-                chat,
-                tools=tools or None,
-                add_generation_prompt=True,
-                tokenize=False,
-                **self.config.chat_template_kwargs,
+                chat, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
             )
         except Exception as exc:  # jinja raise_exception and friends: the conversation is not renderable
-            raise HttpError(
-                400, "invalid_request_error", f"chat template rejected the messages: {exc}"
-            ) from exc
+            # Some templates (Qwen3.5) refuse a system message after the first; Claude Code sends them.
+            chat = an.to_chat_messages(req.system, req.messages, midlist_system="user")
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    chat, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
+                )
+            except Exception:
+                raise HttpError(
+                    400, "invalid_request_error", f"chat template rejected the messages: {exc}"
+                ) from exc
+            log.info("chat template refused mid-list system messages; rendered them as user messages")
         with self._tok_lock:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -332,6 +339,11 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in separate writes; without NODELAY, Nagle + delayed ACK add ~40 ms a call.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, fmt: str, *args: Any) -> None:  # the default writes every request to stderr
         log.debug("%s %s", self.address_string(), fmt % args)

@@ -423,3 +423,67 @@ def test_sampling_params_reach_engine(tok):
     s = seen[0]
     assert s.max_tokens == 50 and s.temperature == 0.3 and s.top_p == 0.9
     assert tok.convert_tokens_to_ids("<|im_end|>") in s.stop_token_ids
+
+
+def test_admin_token_guards_admin_endpoints(tok):
+    engine = ScriptedEngine(["ok"], tok, cycle=True)
+    cfg = ProxyConfig(admin_token="adm-secret")
+    with ProxyServer(engine, tok, cfg) as proxy, httpx.Client(base_url=proxy.url, timeout=10) as client:
+        admin = {"Authorization": "Bearer adm-secret"}
+        assert client.post("/session/create", json={"session_id": "s1"}).status_code == 401
+        assert client.post("/session/create", json={"session_id": "s1"}, headers=admin).status_code == 200
+        assert post(client, "s1", body([{"role": "user", "content": "hi"}])).status_code == 200
+        # an agent holding only its session id cannot read trajectories, its own or others'
+        denied = client.post(
+            "/trajectory/read", json={"session_id": "s1"}, headers={"Authorization": "Bearer s1"}
+        )
+        assert denied.status_code == 401
+        assert (
+            len(client.post("/trajectory/read", json={"session_id": "s1"}, headers=admin).json()["turns"])
+            == 1
+        )
+
+
+def test_stop_releases_paused_requests_with_503(tok):
+    engine = ScriptedEngine(["ok"], tok, cycle=True)
+    proxy = ProxyServer(engine, tok, ProxyConfig()).start()
+    httpx.post(proxy.url + "/session/create", json={"session_id": "s1"})
+    proxy.pause()
+    out = {}
+
+    def call():
+        with httpx.Client(base_url=proxy.url, timeout=10) as c:
+            out["r"] = post(c, "s1", body([{"role": "user", "content": "hi"}]))
+
+    th = threading.Thread(target=call)
+    th.start()
+    time.sleep(0.2)
+    with proxy._gate:  # simulate shutdown reaching the waiting request before the socket closes
+        proxy._stopping = True
+        proxy._gate.notify_all()
+    th.join(5)
+    proxy.stop()
+    assert out["r"].status_code == 503 and out["r"].json()["error"]["type"] == "overloaded_error"
+    assert engine.calls == 0
+
+
+def test_template_refusing_midlist_system_falls_back_to_user(tok):
+    from transformers import AutoTokenizer
+
+    strict = AutoTokenizer.from_pretrained(tok.name_or_path)
+    guard = "{%- for m in messages[1:] %}{%- if m.role == 'system' %}{{ raise_exception('System message must be at the beginning.') }}{%- endif %}{%- endfor %}"
+    strict.chat_template = guard + tok.chat_template
+    engine = ScriptedEngine(["ok"], strict, cycle=True)
+    with running(engine, strict) as (proxy, client):
+        msgs = [
+            {"role": "user", "content": "a"},
+            {"role": "system", "content": "REMINDER"},
+            {"role": "user", "content": "b"},
+        ]
+        assert post(client, "s1", body(msgs)).status_code == 200
+        prompt = strict.decode(read(client, "s1")["turns"][0]["prompt_ids"])
+        assert "<|im_start|>user\nREMINDER<|im_end|>" in prompt
+        bad = body([{"role": "user", "content": "a"}])
+        strict.chat_template = "{{ raise_exception('nope') }}"
+        resp = post(client, "s1", bad)
+        assert resp.status_code == 400 and "chat template rejected" in resp.json()["error"]["message"]
