@@ -100,13 +100,19 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def tree_files(path: str | os.PathLike) -> list[Path]:
+    """The files of a folder in hashing order, without Snakemake's `.snakemake_timestamp` marker (written
+    into directory outputs after the job, so it must not change the folder's hash)."""
+    return sorted(x for x in Path(path).rglob("*") if x.is_file() and x.name != ".snakemake_timestamp")
+
+
 def sha256_tree(path: str | os.PathLike) -> str:
     """Hash of a folder: sorted relative paths and file hashes (a file hashes as itself)."""
     p = Path(path)
     if p.is_file():
         return sha256_file(p)
     h = hashlib.sha256()
-    for f in sorted(x for x in p.rglob("*") if x.is_file()):
+    for f in tree_files(p):
         h.update(f.relative_to(p).as_posix().encode() + b"\0" + sha256_file(f).encode() + b"\n")
     return h.hexdigest()
 

@@ -22,7 +22,7 @@ import sweflow
 from sweflow.errors import ProvenanceError
 from sweflow.provenance.environment import git_state, software_versions, sweflow_tree_sha256
 from sweflow.provenance.redaction import jsonable, redact_value
-from sweflow.util import atomic_write_json, read_json, secret_values, sha256_file
+from sweflow.util import atomic_write_json, read_json, secret_values, sha256_file, tree_files
 
 SCHEMA = "sweflow.provenance/1"
 PROVENANCE_DIR = ".provenance"
@@ -93,7 +93,7 @@ def file_state(path: str | os.PathLike) -> FileState | None:
         # Same digest as sweflow.util.sha256_tree, computed here so each file is read once and sizes add up.
         h = hashlib.sha256()
         size = 0
-        for f in sorted(x for x in p.rglob("*") if x.is_file()):
+        for f in tree_files(p):
             size += f.stat().st_size
             digest = sha256_file(f)
             h.update(f.relative_to(p).as_posix().encode() + b"\0" + digest.encode() + b"\n")
