@@ -15,6 +15,11 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# The Claude Code CLI (a native binary shipped through npm), pinned like config/schema.yaml's default.
+CLAUDE_VERSION="${SWEFLOW_CLAUDE_CODE_VERSION:-2.1.332}"
+if ! claude --version 2>/dev/null | grep -q "^${CLAUDE_VERSION}"; then
+  npm install -g --no-fund --no-audit --loglevel=error "@anthropic-ai/claude-code@${CLAUDE_VERSION}" >/dev/null
+fi
 # A Docker engine without a private-range bridge: containers use --network none or host.
 if ! docker info >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ]; then
@@ -24,4 +29,4 @@ if ! docker info >/dev/null 2>&1; then
   fi
   docker info >/dev/null 2>&1 || echo "warning: no Docker engine; Docker tests will be skipped" >&2
 fi
-echo "system ready: bwrap=$(command -v bwrap) docker=$(docker info --format '{{.ServerVersion}}' 2>/dev/null || echo none)"
+echo "system ready: claude=$(claude --version 2>/dev/null | head -1) bwrap=$(command -v bwrap) docker=$(docker info --format '{{.ServerVersion}}' 2>/dev/null || echo none)"
