@@ -60,7 +60,7 @@ def _call(fn: Callable[[], T], timeout: float, what: str, template: str = "", si
 
 
 class DockerProvider:
-    """Options: network ("none"|"host"), cpu (cores), memory_mb, pids_limit, start_server, client."""
+    """Options: network ("none"|"host"), cpu (cores), memory_mb, pids_limit, start_server, build_cache, client."""
 
     name = "docker"
 
@@ -72,6 +72,7 @@ class DockerProvider:
         memory_mb: int | None = None,
         pids_limit: int | None = 1024,
         start_server: bool = True,
+        build_cache: bool = True,
         client: Any = None,
     ) -> None:
         if network not in ("none", "host"):
@@ -83,6 +84,7 @@ class DockerProvider:
         self.network = network
         self.cpu, self.memory_mb, self.pids_limit = cpu, memory_mb, pids_limit
         self.start_server = start_server
+        self.build_cache = build_cache
         try:
             self.client = client or docker.from_env(timeout=120, max_pool_size=64)
             # exec_start and builds stream for as long as the command runs; their deadline is ours.
@@ -142,7 +144,14 @@ class DockerProvider:
 
         def go() -> str:
             stream = self.api_long.build(
-                path=ctx, tag=tag, rm=True, forcerm=True, pull=False, network_mode="host", decode=True
+                path=ctx,
+                tag=tag,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                network_mode="host",
+                decode=True,
+                nocache=not self.build_cache,
             )
             for chunk in stream:
                 text = chunk.get("stream", "")

@@ -84,7 +84,9 @@ def test_template_has_claude_isolated_runtime_and_record(env):
         assert r.ok and r.stdout.startswith("/opt/sweflow/runtime/lib/"), r
         r = sb.run("source /opt/miniconda3/bin/activate; conda activate testbed; python -c 'import sweflow'",
                    timeout=60)  # fmt: skip
-        assert r.exit_code == 1 and "No module named 'sweflow'" in r.stderr, "the task's python stays untouched"
+        assert r.exit_code == 1 and "No module named 'sweflow'" in r.stderr, (
+            "the task's python stays untouched"
+        )
 
 
 def test_run_env_cwd_timeout_files_background(env):
@@ -156,7 +158,10 @@ def test_smoke_with_host_and_none_networks(env):
 
 
 def test_host_network_gives_each_sandbox_its_own_port(env):
-    with env["host"].create(env["template"], timeout=120) as a, env["host"].create(env["template"], timeout=120) as b:
+    with (
+        env["host"].create(env["template"], timeout=120) as a,
+        env["host"].create(env["template"], timeout=120) as b,
+    ):
         urls = {a.port_url(BLACKBOX_PORT), b.port_url(BLACKBOX_PORT)}
         assert len(urls) == 2
         for url in urls:
