@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
     if args.provider == "docker" and not args.keep:
         subprocess.run(["docker", "rmi", "-f", *built], capture_output=True, timeout=300)
+    shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
