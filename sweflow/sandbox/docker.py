@@ -11,9 +11,11 @@ Background commands run detached under `setsid` and report through pid/rc/out/er
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import math
+import re
 import shlex
 import tarfile
 import tempfile
@@ -25,9 +27,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import SandboxError
-from ..util import free_port, sha256_bytes, stable_json
+from ..util import free_port, sha256_bytes
 from .base import BLACKBOX_PORT, CommandResult, SandboxBase, TemplateRecord, tail
-from .spec import TemplateSpec, artifacts_dockerfile
+from .spec import TemplateSpec, artifacts_dockerfile, file_sha256
 
 T = TypeVar("T")
 GRACE = 15.0
@@ -93,36 +95,54 @@ class DockerProvider:
             raise SandboxError(f"cannot reach the Docker engine: {exc}", hint="is dockerd running?") from exc
 
     # ---- templates -------------------------------------------------------------------------------
-    def artifacts_image(self, spec: TemplateSpec) -> str | None:
-        """Build (once) a scratch image holding the spec's artifacts; templates COPY --from it."""
-        files = [p for p in (spec.claude_binary, spec.runtime_wheel) if p is not None]
-        if not files:
-            return None
-        tag = f"sweflow-artifacts:{sha256_bytes(stable_json(spec.artifact_checksums()))[:16]}"
-        with _artifact_lock:
-            if self._image_exists(tag):
-                return tag
-            with tempfile.TemporaryDirectory(prefix="sweflow-artifacts-") as ctx:
-                for f in files:
-                    _link_or_copy(Path(f), Path(ctx) / Path(f).name)
-                (Path(ctx) / "Dockerfile").write_text(artifacts_dockerfile([Path(f).name for f in files]))
-                self._build(ctx, tag, what="artifacts image", timeout=1800)
-        return tag
+    def artifact_images(self, spec: TemplateSpec) -> dict[str, str]:
+        """Build (once per file checksum) a scratch image per artifact; templates COPY --from them.
+
+        One image per file, so a changed wheel (every source edit) never re-stores the 400 MB binary.
+        """
+        out: dict[str, str] = {}
+        for f in (spec.claude_binary, spec.runtime_wheel):
+            if f is None:
+                continue
+            name = Path(f).name
+            digest = sha256_bytes(name + "\0" + file_sha256(f))[:16]
+            tag = f"sweflow-artifacts:{re.sub(r'[^a-z0-9]+', '-', name.lower())[:40]}-{digest}"
+            with _artifact_lock:
+                if not self._image_exists(tag):
+                    with tempfile.TemporaryDirectory(prefix="sweflow-artifacts-") as ctx:
+                        _link_or_copy(Path(f), Path(ctx) / name)
+                        (Path(ctx) / "Dockerfile").write_text(artifacts_dockerfile([name]))
+                        self._build(ctx, tag, what=f"artifacts image {name}", timeout=1800)
+            out[name] = tag
+        return out
 
     def build(self, spec: TemplateSpec, name: str, *, timeout: float = 1800) -> TemplateRecord:
-        """docker build of the spec's Dockerfile on its task image; the image tag is the template name."""
+        """docker build of the spec's Dockerfile on its task image; the image tag is the template name.
+
+        The image a rebuild replaces is removed (best effort) so rebuilt templates do not pile up.
+        """
         if not self._image_exists(spec.image):
             raise SandboxError(
                 "task image not found", file=spec.image, field="FROM", hint="build or load it first"
             )
-        art = self.artifacts_image(spec)
+        arts = self.artifact_images(spec)
+        old = self._image_id(name)
         with tempfile.TemporaryDirectory(prefix="sweflow-build-") as ctx:
-            (Path(ctx) / "Dockerfile").write_text(spec.to_dockerfile(artifacts_image=art))
+            (Path(ctx) / "Dockerfile").write_text(spec.to_dockerfile(artifacts_image=arts))
             image_id = self._build(ctx, name, what=f"template {name}", timeout=timeout, image=spec.image)
+        if old and old != image_id:
+            with contextlib.suppress(Exception):
+                self.client.images.remove(old)
         return TemplateRecord(
             image=spec.image, provider=self.name, template=name, spec_hash=spec.spec_hash(),
-            build_id=image_id, digest=image_id, extra={"artifacts_image": art or ""},
+            build_id=image_id, digest=image_id, extra={"artifact_images": dict(sorted(arts.items()))},
         )  # fmt: skip
+
+    def _image_id(self, tag: str) -> str:
+        try:
+            return self.client.images.get(tag).id if self._image_exists(tag) else ""
+        except Exception:  # noqa: BLE001 - only used for cleanup
+            return ""
 
     def has_template(self, name: str) -> bool:
         return self._image_exists(name)

@@ -108,17 +108,21 @@ class TemplateSpec:
             steps.append(Step("run", (runtime_install_cmd(f"{WHEEL_DIR}/{wheel}"),)))
         return steps
 
-    def to_dockerfile(self, *, artifacts_image: str | None = None) -> str:
-        """Render a Dockerfile (root user). Copies come from the build context by file name, or with
-        `artifacts_image` from that image (see artifacts_dockerfile) so the 400 MB binary is not resent."""
+    def to_dockerfile(self, *, artifacts_image: str | dict[str, str] | None = None) -> str:
+        """Render a Dockerfile (root user). Copies come from the build context by file name, or from
+        `artifacts_image` (one image, or {file name: image}; see artifacts_dockerfile) so the 400 MB
+        binary is not resent with every build context."""
         lines = [f"FROM {self.image}", "USER root"]
         for step in self.steps():
             if step.kind == "apt":
                 lines.append(f"RUN {apt_install_cmd(step.args)}")
             elif step.kind == "copy":
                 src = Path(step.src).name
-                if artifacts_image:
-                    lines.append(f"COPY --from={artifacts_image} /{src} {step.dest}")
+                from_image = (
+                    artifacts_image.get(src) if isinstance(artifacts_image, dict) else artifacts_image
+                )
+                if from_image:
+                    lines.append(f"COPY --from={from_image} /{src} {step.dest}")
                 else:
                     lines.append(f"COPY {src} {step.dest}")
                 lines.append(f"RUN chmod {step.mode:o} {step.dest}")

@@ -76,6 +76,9 @@ def test_template_has_claude_isolated_runtime_and_record(env):
     rec = env["record"]
     assert rec["template"] == template_name(env["task_image"]) and rec["spec_hash"] == env["spec"].spec_hash()
     assert rec["digest"].startswith("sha256:")
+    arts = rec["extra"]["artifact_images"]
+    assert sorted(arts) == sorted([env["spec"].claude_binary.name, env["spec"].runtime_wheel.name])
+    assert all(env["client"].images.get(tag) for tag in arts.values())
     with env["none"].create(env["template"], timeout=120) as sb:
         r = sb.run("claude --version", timeout=60)
         assert r.ok and r.stdout.startswith(CLAUDE_VERSION), r

@@ -101,6 +101,11 @@ def test_dockerfile_renders_root_packages_claude_runtime_and_start(arts):
     via = spec.to_dockerfile(artifacts_image="sweflow-artifacts:abc")
     assert "COPY --from=sweflow-artifacts:abc /claude /usr/local/bin/claude" in via
     assert "\nCOPY claude " not in via
+    per_file = spec.to_dockerfile(artifacts_image={"claude": "img-c"})
+    assert "COPY --from=img-c /claude /usr/local/bin/claude" in per_file
+    assert f"COPY {wheel.name} /opt/sweflow/wheel/{wheel.name}" in per_file, (
+        "unmapped files come from the context"
+    )
 
 
 def test_e2b_inputs_carry_the_same_steps(arts):
