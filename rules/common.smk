@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
@@ -47,6 +48,26 @@ def image_keys(wildcards):
 
     listing = checkpoints.list_images.get(dataset=wildcards.dataset).output.listing
     return image_keys_from_listing(listing)
+
+
+def _source_hash():
+    """Hash of the sweflow sources that go into the in-sandbox runtime wheel (a few hundred small files)."""
+    from sweflow.sandbox.artifacts import source_hash
+
+    return source_hash(Path(workflow.basedir))
+
+
+SWEFLOW_SOURCE_HASH = _source_hash()
+
+
+def template_inputs(wildcards):
+    """A template build needs its image record and, unless images are prebuilt, the shared artifacts."""
+    inputs = {"image": f"results/{wildcards.dataset}/images/{wildcards.key}.json"}
+    if not config["sandbox"]["prebuilt"]:
+        version = config["sandbox"]["claude_code_version"]
+        inputs["claude"] = f"resources/sandbox/claude-code/{version}/claude.json"
+        inputs["wheel"] = "resources/sandbox/runtime/wheel.json"
+    return inputs
 
 
 def template_records(wildcards):

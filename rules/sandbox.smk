@@ -1,9 +1,36 @@
-# Sandbox stage: one template per task image (built once, rebuilt only when its spec changes), smoke markers.
+# Sandbox stage: Claude Code + runtime wheel built once, one template per task image (rebuilt only when its
+# spec changes), one smoke marker per template, and a per-item summary.
+
+
+rule claude_code:
+    output:
+        record="resources/sandbox/claude-code/{version}/claude.json",
+    log:
+        "logs/sandbox/claude_code-{version}.log",
+    localrule: True
+    conda:
+        "../envs/sandbox.yaml"
+    script:
+        "../scripts/claude_code.py"
+
+
+rule runtime_wheel:
+    output:
+        record="resources/sandbox/runtime/wheel.json",
+    log:
+        "logs/sandbox/runtime_wheel.log",
+    localrule: True
+    conda:
+        "../envs/sandbox.yaml"
+    params:
+        source=SWEFLOW_SOURCE_HASH,
+    script:
+        "../scripts/runtime_wheel.py"
 
 
 rule build_template:
     input:
-        image="results/{dataset}/images/{key}.json",
+        unpack(template_inputs),
     output:
         record="results/{dataset}/templates/{provider}/{key}.json",
     log:

@@ -6,5 +6,10 @@ from sweflow.stages_sandbox import build_template_step
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/build_template.py"):
     build_template_step(
-        smk.input.image, smk.output.record, provider=smk.wildcards.provider, cfg=smk.params.sandbox
+        smk.input.image,
+        smk.output.record,
+        provider=smk.wildcards.provider,
+        cfg=smk.params.sandbox,
+        claude_record=smk.input.get("claude"),
+        wheel_record=smk.input.get("wheel"),
     )

@@ -1,51 +1,165 @@
-"""The sandbox stage as plain functions: build one template, smoke-test it, summarise the markers."""
+"""The sandbox stage as plain functions: artifacts, one template per image, smoke markers, summary."""
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from .errors import SandboxError
 from .util import atomic_write_json, read_json
 
 log = logging.getLogger("sweflow.stages")
 
 
+def claude_code_artifact(out: str | os.PathLike, *, version: str) -> dict[str, Any]:
+    """Fetch the pinned Claude Code binary (npm platform package) next to `out`; write its checksum record."""
+    from .sandbox.artifacts import fetch_claude
+
+    folder = Path(out).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    cached = read_json(out) if Path(out).exists() else None
+    info = fetch_claude(folder, version, cached=cached)
+    atomic_write_json(out, info)
+    log.info("claude %s: sha256 %s (%d bytes)", version, info["sha256"], info["size"])
+    return info
+
+
+def runtime_wheel(out: str | os.PathLike) -> dict[str, Any]:
+    """Build the sweflow wheel for the in-sandbox runtime (reproducible) next to `out`; write its record."""
+    from .sandbox.artifacts import build_wheel
+
+    folder = Path(out).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    info = build_wheel(folder)
+    atomic_write_json(out, info)
+    log.info("runtime wheel %s: sha256 %s", info["path"], info["sha256"])
+    return info
+
+
+def provider_from_config(name: str, cfg: Mapping[str, Any], *, purpose: str = "run"):
+    """The provider named `name` configured from the `sandbox` config section.
+
+    Docker builds use no network namespace of their own; sandboxes that must be reached from the host
+    (smoke, rollouts) use the configured network (host by default)."""
+    from .sandbox.registry import get_provider
+
+    if name == "local":
+        return get_provider("local", templates_root=cfg.get("local", {}).get("templates_root"))
+    if name == "docker":
+        d = cfg.get("docker", {})
+        return get_provider(
+            "docker",
+            network="none" if purpose == "build" else d.get("network", "host"),
+            cpu=d.get("cpus"),
+            memory_mb=d.get("mem_mb"),
+            pids_limit=d.get("pids_limit", 1024),
+        )
+    return get_provider(name)
+
+
+def _artifact_path(record_file: str | os.PathLike) -> Path:
+    rec = read_json(record_file)
+    return (Path(record_file).parent / rec["path"]).resolve()
+
+
 def build_template_step(
-    image_file: str | os.PathLike, out: str | os.PathLike, *, provider: str, cfg: Mapping[str, Any]
-) -> dict:
-    """Write the per-image template record (provisional: the template is the image itself)."""
+    image_file: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    provider: str,
+    cfg: Mapping[str, Any],
+    claude_record: str | os.PathLike | None = None,
+    wheel_record: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Build (or reuse) the template of one task image and write its record; a failed build writes a failure
+    record (ok: false, step, error) instead of raising, so one broken image never stops the others."""
     rec = read_json(image_file)
-    data = {"image": rec["image"], "provider": provider, "template": rec["image"], "ok": True}
-    atomic_write_json(out, data)
+    image = rec["image"]
+    if cfg.get("prebuilt"):
+        data = {"image": image, "provider": provider, "template": image, "ok": True, "build": "prebuilt"}
+        atomic_write_json(out, data)
+        return data
+    from .sandbox.build import build_and_record, write_build_record
+    from .sandbox.spec import TemplateSpec
+
+    e2b = cfg.get("e2b", {})
+    spec = TemplateSpec(
+        image=image,
+        packages=tuple(cfg.get("packages", ())),
+        claude_binary=_artifact_path(claude_record),
+        runtime_wheel=_artifact_path(wheel_record),
+        cpu=e2b.get("cpu_count", 2),
+        memory_mb=e2b.get("memory_mb", 4096),
+    )
+    with tempfile.TemporaryDirectory(prefix="sweflow-src-") as tmp:
+        try:
+            source = _template_source(rec, provider, cfg, Path(tmp))
+        except SandboxError as exc:
+            return write_build_record(out, image=image, provider=provider, step="task_image", error=str(exc))
+        prov = provider_from_config(provider, cfg, purpose="build")
+        data = build_and_record(prov, image, out, spec=spec, attempts=cfg.get("build_attempts", 3), **source)
+    log.info(
+        "template for %s: %s", image, data.get("template") if data.get("ok") else f"FAILED {data.get('step')}"
+    )
     return data
+
+
+def _template_source(rec: dict[str, Any], provider: str, cfg: Mapping[str, Any], tmp: Path) -> dict[str, Any]:
+    """Where a template's repository comes from. Task images from a registry carry it at /testbed; the
+    embedded sample's images are built here from the sample repository (no registry needed)."""
+    from .sample import REPO_NAME, materialize_repo
+
+    if rec["repo"] != REPO_NAME:
+        return {}
+    commit = rec["instances"][0]["base_commit"]
+    repo = materialize_repo(tmp / "calclib").path
+    if provider == "local":
+        return {"repo": repo, "commit": commit}
+    if provider == "docker":
+        from .sandbox.images import build_base_image, build_task_image
+
+        base = build_base_image(cfg.get("base_image", "sweflow/base:bookworm"))
+        build_task_image(rec["image"], repo, commit, base=base)
+    return {}
 
 
 def smoke_step(
     record_file: str | os.PathLike, out: str | os.PathLike, *, provider: str, cfg: Mapping[str, Any]
-) -> dict:
+) -> dict[str, Any]:
+    """Smoke-test one built template (health and status from inside and through the port URL); always writes
+    a marker, with ok: false and the failing step when the build or the smoke test failed."""
+    from .sandbox.smoke import smoke
+
     rec = read_json(record_file)
-    data = {
-        "template": rec.get("template"),
-        "image": rec["image"],
-        "provider": provider,
-        "ok": False,
-        "error": "smoke not implemented yet",
-    }
+    base = {"image": rec["image"], "provider": provider, "template": rec.get("template")}
+    if not rec.get("ok"):
+        data = {**base, "ok": False, "step": "build", "error": rec.get("error", "template build failed")}
+    else:
+        try:
+            data = {**base, **smoke(provider_from_config(provider, cfg), rec["template"])}
+        except SandboxError as exc:
+            data = {**base, "ok": False, "step": exc.field or "smoke", "error": exc.one_line()}
     atomic_write_json(out, data)
+    log.info("smoke %s: %s", base["template"], "ok" if data.get("ok") else f"FAILED {data.get('error')}")
     return data
 
 
-def smoke_summary(markers: list[str], out: str | os.PathLike) -> dict:
+def smoke_summary(markers: list[str], out: str | os.PathLike) -> dict[str, Any]:
+    """Per-item report of every template's smoke marker (failures listed with their step and error)."""
     items = [read_json(m) for m in markers]
+    failed = [
+        {"image": i.get("image"), "step": i.get("step"), "error": i.get("error")}
+        for i in items
+        if not i.get("ok")
+    ]
     data = {
         "templates": len(items),
-        "ok": sum(1 for i in items if i.get("ok")),
-        "failed": sorted(
-            ({"image": i.get("image"), "error": i.get("error")} for i in items if not i.get("ok")),
-            key=lambda d: d["image"] or "",
-        ),
+        "ok": len(items) - len(failed),
+        "failed": sorted(failed, key=lambda d: d["image"] or ""),
     }
     atomic_write_json(out, data)
     return data

@@ -29,7 +29,7 @@ def default_source_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
-def _source_hash(root: Path) -> str:
+def source_hash(root: Path) -> str:
     """Hash of what goes into the wheel: pyproject.toml and every file under sweflow/ (no caches)."""
     parts = [f"pyproject.toml\0{sha256_file(root / 'pyproject.toml')}"]
     for f in sorted((root / "sweflow").rglob("*")):
@@ -49,6 +49,7 @@ def fetch_claude(
     out_dir: Path, version: str, *, npm: str = "npm", cached: dict[str, Any] | None = None
 ) -> dict:
     """npm pack the platform package, extract `claude`, return {version, sha256, size, integrity, ...}."""
+    out_dir = Path(out_dir).resolve()  # npm runs in a temp dir below it: relative paths would double up
     binary = out_dir / "claude"
     if cached and cached.get("version") == version and binary.exists():
         if binary.stat().st_size == cached.get("size") and sha256_file(binary) == cached.get("sha256"):
@@ -97,7 +98,7 @@ def build_wheel(
 ) -> dict:
     """Build the sweflow wheel (pip wheel --no-deps) unless the sources are unchanged since the last build."""
     root = source_root or default_source_root()
-    src_hash = _source_hash(root)
+    src_hash = source_hash(root)
     if cached and cached.get("source_sha256") == src_hash:
         whl = out_dir / cached.get("path", "")
         if whl.is_file() and sha256_file(whl) == cached.get("sha256"):

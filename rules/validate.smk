@@ -1,0 +1,72 @@
+# Validation stage: in fresh sandboxes the gold patch must resolve and the empty patch must not (each
+# `validation.repeats` times, to catch flaky tests); broken tasks are reported and left out of training.
+
+
+def validation_results(wildcards):
+    """Per-task result files, one per row of the converted JSONL (known once validation_tasks has run)."""
+    from sweflow.validation import listed_ids
+
+    listing = checkpoints.validation_tasks.get(
+        dataset=wildcards.dataset, split=wildcards.split
+    ).output.listing
+    return expand(
+        "results/{dataset}/{split}/validation/{instance_id}.json",
+        dataset=wildcards.dataset,
+        split=wildcards.split,
+        instance_id=listed_ids(listing),
+    )
+
+
+# The gold patch comes from the split parquet (never from the JSONL); each task gets its own byte-stable
+# input file, so a changed row re-validates one task only.
+checkpoint validation_tasks:
+    input:
+        jsonl="results/{dataset}/{split}.jsonl",
+        parquet="resources/datasets/{dataset}/{split}.parquet",
+    output:
+        tasks=directory("results/{dataset}/{split}/validation-tasks"),
+        listing="results/{dataset}/{split}/validation-tasks.txt",
+    log:
+        "logs/{dataset}/validation_tasks/{split}.log",
+    conda:
+        "../envs/agent.yaml"
+    params:
+        shape=config["dataset"]["row_shape"],
+    script:
+        "../scripts/validation_tasks.py"
+
+
+rule validate_task:
+    input:
+        task="results/{dataset}/{split}/validation-tasks/{instance_id}.json",
+    output:
+        result="results/{dataset}/{split}/validation/{instance_id}.json",
+    log:
+        "logs/{dataset}/validate_task/{split}/{instance_id}.log",
+    wildcard_constraints:
+        instance_id=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    conda:
+        "../envs/agent.yaml"
+    threads: config["validation"]["parallel"]
+    params:
+        provider=PROVIDER,
+        sandbox=config["sandbox"],
+        validation=config["validation"],
+        poll_interval=1.0,
+    script:
+        "../scripts/validate_task.py"
+
+
+rule validation_summary:
+    input:
+        jsonl="results/{dataset}/{split}.jsonl",
+        results=validation_results,
+    output:
+        summary="results/{dataset}/{split}/validation-summary.json",
+        valid="results/{dataset}/{split}/tasks.valid.jsonl",
+    log:
+        "logs/{dataset}/validation_summary/{split}.log",
+    conda:
+        "../envs/agent.yaml"
+    script:
+        "../scripts/validation_summary.py"
