@@ -1,0 +1,322 @@
+"""The validate_tasks stage: every training task must be solvable by its gold patch and not by doing nothing.
+
+Per task, in fresh sandboxes exactly as a rollout is graded (``sweflow.evaluate``): the gold patch must
+resolve, the empty patch must not, each ``repeats`` times so flaky tests show up. Verdicts:
+
+- ``valid``: gold resolved every time, empty never;
+- ``gold_fails``: gold never resolved (or is not a gradable patch: it edits tests, or is empty);
+- ``empty_passes``: the unchanged repository already resolves every time;
+- ``flaky``: gold or empty got different outcomes across repeats;
+- ``error``: a provider fault or the deadline stopped a run, so nothing can be concluded.
+
+Stage files: ``write_task_inputs`` (checkpoint: one byte-stable file per task = the JSONL row's metadata
+plus the gold patch from the split parquet), ``validate_task_file`` (one task), ``summarize`` (report +
+``tasks.valid.jsonl``; broken tasks are listed with their reason, never silently dropped).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import DatasetError
+from .evaluate import (
+    FRESH_EVAL_EXCEPTION,
+    FRESH_EVAL_TIMEOUT,
+    EvalResult,
+    check_patch,
+    evaluate_patch,
+)
+from .sandbox.base import Provider
+from .util import atomic_write, atomic_write_json, read_json, stable_json, write_if_changed
+
+log = logging.getLogger("sweflow.validation")
+
+VERDICTS = ("valid", "gold_fails", "empty_passes", "flaky", "error")
+INFRA_REASONS = (FRESH_EVAL_EXCEPTION, FRESH_EVAL_TIMEOUT)
+_MARKER_KEYS = (
+    "fail_to_pass_success",
+    "fail_to_pass_total",
+    "pass_to_pass_success",
+    "pass_to_pass_total",
+    "parsed_tests",
+    "test_exit_code",
+    "eval_returncode",
+    "failed_tests",
+)
+
+
+# ----- checkpoint: per-task inputs ----------------------------------------------------------------------
+def read_jsonl_rows(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(instance_id, raw line) of every row of a training JSONL, in file order."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(keepends=True), 1):
+        if not line.strip():
+            continue
+        try:
+            iid = json.loads(line)["metadata"]["instance_id"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DatasetError(f"bad training row: {exc}", file=str(path), row=n, field="metadata") from None
+        out.append((iid, line if line.endswith("\n") else line + "\n"))
+    return out
+
+
+def gold_patches(parquet: str | os.PathLike, *, split: str, shape: str = "auto") -> dict[str, str]:
+    """instance_id -> gold patch, read from the split parquet (the JSONL never carries it)."""
+    from .datasets import load_split
+
+    instances, _ = load_split(parquet, split=split, shape=shape)
+    return {i["instance_id"]: i.get("patch") or "" for i in instances}
+
+
+def write_task_inputs(
+    jsonl: str | os.PathLike,
+    parquet: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    listing: str | os.PathLike,
+    *,
+    split: str,
+    shape: str = "auto",
+) -> list[str]:
+    """One ``<instance_id>.json`` per JSONL row ({instance_id, metadata, gold_patch}) and the id listing.
+
+    Files are rewritten only when their bytes change and stale ones are removed, so a changed row
+    re-validates one task. A JSONL row whose instance is absent from the parquet raises DatasetError.
+    """
+    rows = read_jsonl_rows(jsonl)
+    gold = gold_patches(parquet, split=split, shape=shape)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    keep = set()
+    for iid, line in rows:
+        if iid not in gold:
+            raise DatasetError(
+                "training row has no instance in the split parquet",
+                file=str(parquet),
+                row=iid,
+                field="instance_id",
+            )
+        data = {"instance_id": iid, "metadata": json.loads(line)["metadata"], "gold_patch": gold[iid]}
+        write_if_changed(out / f"{iid}.json", stable_json(data))
+        keep.add(f"{iid}.json")
+    for stale in out.glob("*.json"):
+        if stale.name not in keep:
+            stale.unlink()
+    ids = [iid for iid, _ in rows]
+    atomic_write(listing, "".join(f"{i}\n" for i in ids))
+    log.info("%d tasks to validate", len(ids))
+    return ids
+
+
+def listed_ids(listing: str | os.PathLike) -> list[str]:
+    return [x.strip() for x in Path(listing).read_text().splitlines() if x.strip()]
+
+
+# ----- one task -----------------------------------------------------------------------------------------
+def run_record(kind: str, index: int, res: EvalResult) -> dict[str, Any]:
+    """The per-run entry of a task's validation file (marker counts, not the log tail)."""
+    marker = res.marker or {}
+    return {
+        "patch": kind,
+        "run": index,
+        "resolved": res.resolved,
+        "reward": res.reward,
+        "failure_reason": res.failure_reason,
+        "error": res.error,
+        "marker": {k: marker[k] for k in _MARKER_KEYS if k in marker},
+        "timings": dict(res.timings),
+        "output_tail": res.output_tail[-1500:] if not res.resolved and res.output_tail else "",
+    }
+
+
+def decide(
+    gold: list[dict[str, Any]], empty: list[dict[str, Any]], pre_reason: str | None = None
+) -> tuple[str, str | None]:
+    """(verdict, reason) from the gold and empty run records (see the module docstring)."""
+    if pre_reason:
+        return "gold_fails", pre_reason
+    infra = [r for r in gold + empty if r["failure_reason"] in INFRA_REASONS]
+    if infra:
+        r = infra[0]
+        return "error", f"{r['failure_reason']} ({r['patch']} run {r['run']}): {r.get('error') or ''}".strip()
+    g = sum(r["resolved"] for r in gold)
+    e = sum(r["resolved"] for r in empty)
+    if 0 < g < len(gold):
+        return "flaky", f"gold resolved {g}/{len(gold)} runs: {_reasons(gold)}"
+    if g == 0:
+        return "gold_fails", _reasons(gold)
+    if 0 < e < len(empty):
+        return "flaky", f"empty patch resolved {e}/{len(empty)} runs"
+    if empty and e == len(empty):
+        return "empty_passes", f"empty patch resolved {e}/{len(empty)} runs"
+    return "valid", None
+
+
+def _reasons(runs: list[dict[str, Any]]) -> str:
+    counts = Counter(r["failure_reason"] for r in runs if not r["resolved"])
+    return ", ".join(f"{k}" if n == 1 else f"{k} x{n}" for k, n in sorted(counts.items()))
+
+
+def validate_task(
+    provider: Provider,
+    metadata: Mapping[str, Any],
+    gold_patch: str,
+    *,
+    template: str | None = None,
+    repeats: int = 2,
+    parallel: int = 1,
+    poll_interval: float = 1.0,
+    sandbox_timeout: float = 3600,
+    evaluate: Callable[..., EvalResult] = evaluate_patch,
+) -> dict[str, Any]:
+    """Validate one task: gold and empty patch, ``repeats`` fresh evaluations each, ``parallel`` at once.
+
+    Returns the task's validation record (byte-stable except for ``timings``/``runs[*].timings``).
+    A gold patch that touches tests or is empty is ``gold_fails`` without running anything.
+    """
+    iid = str(metadata.get("instance_id", ""))
+    template = template or metadata["sandbox_image"]
+    t0 = time.monotonic()
+    pre_reason, test_files = check_patch(gold_patch)
+    jobs = [] if pre_reason else [(k, i) for i in range(repeats) for k in ("gold", "empty")]
+
+    def one(job: tuple[str, int]) -> dict[str, Any]:
+        kind, i = job
+        patch = gold_patch if kind == "gold" else ""
+        res = evaluate(
+            provider,
+            template,
+            dict(metadata),
+            patch,
+            poll_interval=poll_interval,
+            sandbox_timeout=sandbox_timeout,
+        )
+        log.info("%s %s run %d: resolved=%s reason=%s", iid, kind, i, res.resolved, res.failure_reason)
+        return run_record(kind, i, res)
+
+    with cf.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        runs = list(pool.map(one, jobs))
+    gold = [r for r in runs if r["patch"] == "gold"]
+    empty = [r for r in runs if r["patch"] == "empty"]
+    verdict, reason = decide(gold, empty, pre_reason)
+    eval_s = [r["timings"].get("eval_s", 0.0) for r in runs]
+    total_s = [r["timings"].get("total_s", 0.0) for r in runs]
+    return {
+        "instance_id": iid,
+        "template": template,
+        "provider": getattr(provider, "name", ""),
+        "repeats": repeats,
+        "verdict": verdict,
+        "reason": reason,
+        "gold_test_files": test_files,
+        "gold": {"resolved": sum(r["resolved"] for r in gold), "runs": len(gold)},
+        "empty": {"resolved": sum(r["resolved"] for r in empty), "runs": len(empty)},
+        "runs": runs,
+        "timings": {
+            "wall_s": round(time.monotonic() - t0, 3),
+            "eval_s": round(sum(eval_s), 3),
+            "sandbox_s": round(sum(total_s), 3),
+            "overhead_s": round(sum(total_s) - sum(eval_s), 3),
+        },
+    }
+
+
+def provider_from_config(name: str, sandbox_cfg: Mapping[str, Any] | None = None) -> Provider:
+    """The provider for fresh evaluations: no blackbox server and no network (grading needs neither)."""
+    from .sandbox.registry import get_provider
+
+    cfg = dict(sandbox_cfg or {})
+    if name == "local":
+        root = (cfg.get("local") or {}).get("templates_root")
+        return get_provider("local", templates_root=root, start_server=False)
+    if name == "docker":
+        d = cfg.get("docker") or {}
+        return get_provider(
+            "docker",
+            network="none",
+            start_server=False,
+            cpu=d.get("cpus"),
+            memory_mb=d.get("mem_mb"),
+            pids_limit=d.get("pids_limit", 1024),
+        )
+    return get_provider(name)
+
+
+def validate_task_file(
+    task_file: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    provider: Provider,
+    repeats: int = 2,
+    parallel: int = 1,
+    poll_interval: float = 1.0,
+) -> dict[str, Any]:
+    """Validate the task in ``task_file`` (written by write_task_inputs) and write its record atomically."""
+    task = read_json(task_file)
+    meta = task["metadata"]
+    rec = validate_task(
+        provider,
+        meta,
+        task.get("gold_patch") or "",
+        repeats=repeats,
+        parallel=parallel,
+        poll_interval=poll_interval,
+        sandbox_timeout=float(meta.get("sandbox_timeout_sec") or 3600),
+    )
+    atomic_write_json(out, rec)
+    log.info("%s: %s%s", rec["instance_id"], rec["verdict"], f" ({rec['reason']})" if rec["reason"] else "")
+    return rec
+
+
+# ----- summary ------------------------------------------------------------------------------------------
+def summarize(
+    jsonl: str | os.PathLike,
+    results: Iterable[str | os.PathLike],
+    summary_out: str | os.PathLike,
+    valid_out: str | os.PathLike,
+    *,
+    dataset: str = "",
+    split: str = "",
+) -> dict[str, Any]:
+    """Write the summary report and ``tasks.valid.jsonl`` (the JSONL's own lines, in order, valid ones only).
+
+    Every JSONL task appears in the summary: valid, or under ``broken`` with verdict and reason; a task
+    with no result file is broken with verdict ``error`` (reason ``no validation result``).
+    """
+    by_id: dict[str, dict[str, Any]] = {}
+    for path in results:
+        rec = read_json(path)
+        by_id[rec["instance_id"]] = rec
+    rows = read_jsonl_rows(jsonl)
+    verdicts: Counter[str] = Counter()
+    broken, kept = [], []
+    for iid, line in rows:
+        rec = by_id.get(iid)
+        verdict = rec["verdict"] if rec else "error"
+        reason = rec.get("reason") if rec else "no validation result"
+        verdicts[verdict] += 1
+        if verdict == "valid":
+            kept.append(line)
+        else:
+            broken.append({"instance_id": iid, "verdict": verdict, "reason": reason})
+    summary = {
+        "dataset": dataset,
+        "split": split,
+        "tasks": len(rows),
+        "valid": len(kept),
+        "verdicts": {v: verdicts.get(v, 0) for v in VERDICTS},
+        "broken": broken,
+    }
+    atomic_write(valid_out, "".join(kept))
+    atomic_write_json(summary_out, summary)
+    log.info(
+        "validation: %d/%d tasks valid; broken: %s", len(kept), len(rows), [b["instance_id"] for b in broken]
+    )
+    return summary

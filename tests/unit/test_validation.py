@@ -1,0 +1,200 @@
+"""validate_tasks stage functions: verdicts, per-task inputs from JSONL + parquet, summary (no daemons)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from sweflow.errors import DatasetError
+from sweflow.evaluate import EvalResult
+from sweflow.util import jsonl_line, read_json
+from sweflow.validation import decide, summarize, validate_task, write_task_inputs
+
+
+def run(kind: str, i: int, resolved: bool, reason: str | None = None, error: str | None = None) -> dict:
+    if not resolved and reason is None:
+        reason = "fail_to_pass_failure"
+    return {"patch": kind, "run": i, "resolved": resolved, "failure_reason": reason, "error": error}
+
+
+def runs(kind: str, *resolved: bool, reason: str | None = None) -> list[dict]:
+    return [run(kind, i, r, None if r else reason) for i, r in enumerate(resolved)]
+
+
+@pytest.mark.parametrize(
+    ("gold", "empty", "verdict", "reason"),
+    [
+        (runs("gold", True, True), runs("empty", False, False), "valid", None),
+        (runs("gold", False, False), runs("empty", False, False), "gold_fails", "fail_to_pass_failure x2"),
+        (
+            runs("gold", False, False, reason="failed_apply_patch"),
+            runs("empty", False, False),
+            "gold_fails",
+            "failed_apply_patch x2",
+        ),
+        (
+            runs("gold", True, True),
+            runs("empty", True, True),
+            "empty_passes",
+            "empty patch resolved 2/2 runs",
+        ),
+        (
+            runs("gold", True, False),
+            runs("empty", False, False),
+            "flaky",
+            "gold resolved 1/2 runs: fail_to_pass_failure",
+        ),
+        (runs("gold", True, True), runs("empty", False, True), "flaky", "empty patch resolved 1/2 runs"),
+        # gold never works: that is the finding, whatever the empty runs did
+        (runs("gold", False, False), runs("empty", True, False), "gold_fails", "fail_to_pass_failure x2"),
+        (runs("gold", False, False), runs("empty", True, True), "gold_fails", "fail_to_pass_failure x2"),
+    ],
+)
+def test_decide(gold, empty, verdict, reason):
+    assert decide(gold, empty) == (verdict, reason)
+
+
+def test_decide_infrastructure_errors_and_pre_reasons():
+    gold = [run("gold", 0, True), run("gold", 1, False, "fresh_eval_exception", "SandboxError: boom")]
+    verdict, reason = decide(gold, runs("empty", False, False))
+    assert verdict == "error" and reason == "fresh_eval_exception (gold run 1): SandboxError: boom"
+    gold = [run("gold", 0, False, "fresh_eval_timeout", "deadline")]
+    assert decide(gold, [])[0] == "error"
+    assert decide([], [], "prohibited_test_modification") == ("gold_fails", "prohibited_test_modification")
+
+
+GOOD = "diff --git a/pkg/mod.py b/pkg/mod.py\n--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1 +1 @@\n-a\n+b\n"
+META = {"instance_id": "o__r-1", "sandbox_image": "tpl-1", "base_commit": "b" * 40}
+
+
+class ScriptedEval:
+    """Stands in for evaluate_patch: resolved iff the patch is non-empty (or per a schedule)."""
+
+    def __init__(self, schedule=None):
+        self.calls: list[tuple[str, str, float]] = []
+        self.schedule = schedule
+
+    def __call__(self, provider, template, metadata, patch, *, poll_interval, sandbox_timeout):
+        self.calls.append((template, patch, poll_interval))
+        kind = "gold" if patch else "empty"
+        resolved = bool(patch) if self.schedule is None else self.schedule[kind].pop(0)
+        timings = {"create_s": 0.1, "setup_s": 0.1, "eval_s": 1.0, "kill_s": 0.1, "total_s": 1.3}
+        marker = {"resolved": resolved, "fail_to_pass_success": int(resolved), "fail_to_pass_total": 1,
+                  "log_tail": "long log"}  # fmt: skip
+        return EvalResult(
+            float(resolved),
+            resolved,
+            None if resolved else "fail_to_pass_failure",
+            marker,
+            "tail",
+            timings,
+            None,
+        )
+
+
+class P:
+    name = "fake"
+
+
+def test_validate_task_runs_gold_and_empty_k_times_and_records_them():
+    ev = ScriptedEval()
+    rec = validate_task(P(), META, GOOD, repeats=3, parallel=2, poll_interval=0.5, evaluate=ev)
+    assert sorted(c[1] for c in ev.calls) == ["", "", "", GOOD, GOOD, GOOD]
+    assert {c[0] for c in ev.calls} == {"tpl-1"} and {c[2] for c in ev.calls} == {0.5}
+    assert (rec["verdict"], rec["reason"], rec["provider"], rec["repeats"]) == ("valid", None, "fake", 3)
+    assert rec["gold"] == {"resolved": 3, "runs": 3} and rec["empty"] == {"resolved": 0, "runs": 3}
+    assert [(r["patch"], r["run"]) for r in rec["runs"]] == [
+        ("gold", 0), ("empty", 0), ("gold", 1), ("empty", 1), ("gold", 2), ("empty", 2)
+    ]  # fmt: skip
+    assert rec["runs"][0]["marker"] == {"fail_to_pass_success": 1, "fail_to_pass_total": 1}
+    assert rec["timings"]["eval_s"] == 6.0 and rec["timings"]["overhead_s"] == pytest.approx(1.8)
+
+
+def test_validate_task_flaky_and_test_editing_gold():
+    ev = ScriptedEval({"gold": [True, False], "empty": [False, False]})
+    assert validate_task(P(), META, GOOD, repeats=2, evaluate=ev)["verdict"] == "flaky"
+    ev = ScriptedEval()
+    bad = GOOD.replace("pkg/mod.py", "tests/test_mod.py")
+    rec = validate_task(P(), META, bad, evaluate=ev)
+    assert (rec["verdict"], rec["reason"], rec["gold_test_files"]) == (
+        "gold_fails",
+        "prohibited_test_modification",
+        ["tests/test_mod.py"],
+    )
+    assert ev.calls == [], "nothing runs for an ungradable gold patch"
+    assert validate_task(P(), META, "", evaluate=ev)["reason"] == "empty_generation"
+
+
+@pytest.fixture
+def split_files(tmp_path):
+    from sweflow.sample import sample_rows, skyrl_rows, write_parquet
+
+    parquet = write_parquet(skyrl_rows("train"), tmp_path / "train.parquet")
+    rows = sample_rows("train")
+    lines = [{"prompt": [], "label": "", "metadata": {"instance_id": r["instance_id"], "base_commit": r["base_commit"]}}
+             for r in rows]  # fmt: skip
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(jsonl_line(x) for x in lines))
+    return parquet, jsonl, rows
+
+
+def test_task_inputs_take_gold_from_parquet_and_rewrite_only_changes(tmp_path, split_files):
+    parquet, jsonl, rows = split_files
+    out, listing = tmp_path / "tasks", tmp_path / "tasks.txt"
+    (out).mkdir()
+    (out / "stale__task-1.json").write_text("{}")
+    ids = write_task_inputs(jsonl, parquet, out, listing, split="train")
+    assert ids == [r["instance_id"] for r in rows]
+    assert listing.read_text().splitlines() == ids
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{i}.json" for i in ids)
+    first = read_json(out / f"{ids[0]}.json")
+    assert first["gold_patch"] == rows[0]["patch"] and first["metadata"]["instance_id"] == ids[0]
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    # change one JSONL row: only that task's file is rewritten
+    lines = jsonl.read_text().splitlines(keepends=True)
+    row = json.loads(lines[1])
+    row["metadata"]["extra"] = 1
+    lines[1] = jsonl_line(row)
+    jsonl.write_text("".join(lines))
+    os.utime(out / f"{ids[0]}.json", ns=(1, 1))
+    stamps[f"{ids[0]}.json"] = 1
+    write_task_inputs(jsonl, parquet, out, listing, split="train")
+    changed = sorted(p.name for p in out.iterdir() if p.stat().st_mtime_ns != stamps[p.name])
+    assert changed == [f"{ids[1]}.json"]
+
+
+def test_task_inputs_reject_rows_missing_from_parquet(tmp_path, split_files):
+    parquet, jsonl, _ = split_files
+    with jsonl.open("a") as fh:
+        fh.write(jsonl_line({"metadata": {"instance_id": "ghost__task-9"}}))
+    with pytest.raises(DatasetError, match="ghost__task-9"):
+        write_task_inputs(jsonl, parquet, tmp_path / "t", tmp_path / "t.txt", split="train")
+
+
+def test_summary_keeps_valid_lines_and_reports_every_broken_task(tmp_path, split_files):
+    _, jsonl, rows = split_files
+    ids = [r["instance_id"] for r in rows]
+    verdicts = ["valid", "gold_fails", "valid", "flaky", "empty_passes"]  # the 6th has no result
+    results = []
+    for iid, v in zip(ids, verdicts, strict=False):
+        p = tmp_path / f"{iid}.json"
+        p.write_text(
+            json.dumps({"instance_id": iid, "verdict": v, "reason": None if v == "valid" else f"why-{v}"})
+        )
+        results.append(p)
+    s = summarize(
+        jsonl, results, tmp_path / "summary.json", tmp_path / "valid.jsonl", dataset="d", split="train"
+    )
+    lines = jsonl.read_text().splitlines(keepends=True)
+    assert (tmp_path / "valid.jsonl").read_text() == lines[0] + lines[2]
+    assert s["tasks"] == 6 and s["valid"] == 2
+    assert s["verdicts"] == {"valid": 2, "gold_fails": 1, "empty_passes": 1, "flaky": 1, "error": 1}
+    assert s["broken"] == [
+        {"instance_id": ids[1], "verdict": "gold_fails", "reason": "why-gold_fails"},
+        {"instance_id": ids[3], "verdict": "flaky", "reason": "why-flaky"},
+        {"instance_id": ids[4], "verdict": "empty_passes", "reason": "why-empty_passes"},
+        {"instance_id": ids[5], "verdict": "error", "reason": "no validation result"},
+    ]
+    assert read_json(tmp_path / "summary.json") == s
