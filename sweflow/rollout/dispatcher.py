@@ -1,0 +1,394 @@
+"""One rollout sample end to end, and groups of them under a concurrency limit.
+
+For a training row (see sweflow.convert) and a group index, `Dispatcher.run_sample`:
+sandbox from the row's template -> blackbox /health -> proxy session -> register the agent (router = the
+proxy, bearer = session id, the row's backend options) -> before-agent commands (a required one that fails
+aborts the sample) -> the prompt as one agent turn -> the agent's tool calls from the session events ->
+the patch (git diff against the base commit) -> the agent sandbox is killed -> fresh-sandbox evaluation ->
+finalise and read the proxy trajectory -> integrity scan -> reward -> RolloutResult.
+
+Any exception aborts the sample (status "aborted", failure_reason naming the failed step, or
+"sandbox_died" when the agent's sandbox is gone) and every sandbox it created is killed. The after-agent
+commands of the row are not run in the agent sandbox: the fresh evaluation replaces them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sweflow.errors import SweflowError
+from sweflow.integrity import apply_integrity, scan_tool_calls, tool_calls_from_stream_json
+from sweflow.reward import RewardResult
+from sweflow.rollout.clients import BlackboxClient, HttpStatusError, ProxyClient
+from sweflow.rollout.evaluator import Evaluator, FreshEvaluator
+from sweflow.rollout.types import (
+    ABORTED,
+    COMPLETED,
+    SANDBOX_DIED,
+    STEP_REASONS,
+    RolloutConfig,
+    RolloutResult,
+    patch_stats,
+)
+from sweflow.sandbox.base import BLACKBOX_PORT, Provider, Sandbox
+
+log = logging.getLogger("sweflow.rollout")
+PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
+# Steps that use the agent's sandbox: a failure there while the sandbox is gone is "sandbox_died".
+_SANDBOX_STEPS = ("health", "register", "before_agent", "agent", "events", "patch")
+
+
+class Abort(Exception):
+    """Stop this sample with `reason` (its failure_reason) and a one-line `detail`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+class TrackingProvider:
+    """Wraps a provider and remembers every sandbox it created, so a sample can kill all of them."""
+
+    def __init__(self, inner: Provider) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.created: list[Sandbox] = []
+        self._lock = threading.Lock()
+
+    def create(self, template: str, **kw: Any) -> Sandbox:
+        sb = self.inner.create(template, **kw)
+        with self._lock:
+            self.created.append(sb)
+        return sb
+
+    def __getattr__(self, name: str) -> Any:  # anything else a caller needs from the real provider
+        return getattr(self.inner, name)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            boxes = list(self.created)
+        for sb in boxes:
+            try:
+                sb.kill()
+            except Exception as exc:  # noqa: BLE001 - one failed kill must not keep the others alive
+                log.warning("killing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
+
+
+def prompt_of(row: dict[str, Any]) -> str:
+    """The agent's first message: the row's user prompt contents joined (a string prompt as is)."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    parts = [m.get("content", "") for m in prompt or [] if isinstance(m, dict) and m.get("role") == "user"]
+    text = "\n\n".join(p for p in parts if isinstance(p, str))
+    if not text.strip():
+        raise Abort("bad_row", "the row has no user prompt")
+    return text
+
+
+def new_session_id(prefix: str, instance_id: str, group_index: int) -> str:
+    """`<prefix><instance>:<group index>:<8 hex>` within the 128 characters proxy and blackbox accept."""
+    tail = f":{group_index}:{uuid.uuid4().hex[:8]}"
+    head = f"{prefix}{instance_id}"[: 128 - len(tail)]
+    return head + tail
+
+
+def _one_line(exc: BaseException) -> str:
+    text = exc.one_line() if isinstance(exc, SweflowError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:500]
+
+
+class Dispatcher:
+    """Runs rollout samples against one provider and one proxy; at most `config.max_concurrency` at once.
+
+    Thread-safe: `run_sample` may be called from many threads; `run_group` / `run_groups` do it for you.
+    """
+
+    def __init__(
+        self,
+        provider: Provider,
+        proxy: ProxyClient,
+        *,
+        evaluator: Evaluator | None = None,
+        config: RolloutConfig | None = None,
+    ) -> None:
+        self.provider = provider
+        self.proxy = proxy
+        self.evaluator = evaluator or FreshEvaluator()
+        self.config = config or RolloutConfig()
+        if self.config.max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        self._slots = threading.BoundedSemaphore(self.config.max_concurrency)
+
+    def run_sample(self, row: dict[str, Any], group_index: int) -> RolloutResult:
+        """Run one sample; never raises for a failure of the sample itself (it is an aborted result)."""
+        with self._slots:
+            return _Rollout(self, row, group_index).run()
+
+    def run_group(self, row: dict[str, Any], n: int) -> list[RolloutResult]:
+        """`n` samples of one row concurrently (under the dispatcher's limit), ordered by group index."""
+        return self.run_groups([row], n)[0]
+
+    def run_groups(self, rows: Sequence[dict[str, Any]], n: int) -> list[list[RolloutResult]]:
+        """`n` samples of every row, all under one concurrency limit; results[i][g] is row i, index g."""
+        jobs = [(i, g) for i in range(len(rows)) for g in range(n)]
+        if not jobs:
+            return [[] for _ in rows]
+        out: list[list[RolloutResult | None]] = [[None] * n for _ in rows]
+        workers = min(len(jobs), self.config.max_concurrency)
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rollout") as pool:
+            futures = {pool.submit(self.run_sample, rows[i], g): (i, g) for i, g in jobs}
+            for fut in concurrent.futures.as_completed(futures):
+                i, g = futures[fut]
+                out[i][g] = fut.result()
+        return [[r for r in group if r is not None] for group in out]
+
+
+class _Rollout:
+    """The state of one sample while it runs (one instance per run_sample call)."""
+
+    def __init__(self, d: Dispatcher, row: dict[str, Any], group_index: int) -> None:
+        self.d, self.cfg, self.row, self.group_index = d, d.config, row, group_index
+        self.meta: dict[str, Any] = dict(row.get("metadata") or {})
+        self.instance_id = str(self.meta.get("instance_id") or "unknown")
+        self.session_id = new_session_id(self.cfg.session_prefix, self.instance_id, group_index)
+        self.boxes = TrackingProvider(d.provider)
+        self.sb: Sandbox | None = None
+        self.bb: BlackboxClient | None = None
+        self.step = "start"
+        self.timings: dict[str, float] = {}
+        self.proxy_session = False
+        self.agent_running = False
+
+    # ------------------------------------------------------------------ helpers
+    def _timed(self, step: str) -> _StepTimer:
+        self.step = step
+        return _StepTimer(self.timings, step)
+
+    def _sandbox_alive(self) -> bool:
+        if self.sb is None or getattr(self.sb, "killed", False):
+            return False
+        try:
+            return self.sb.run("true", timeout=20).exit_code == 0
+        except Exception:  # noqa: BLE001 - any fault here means the sandbox is not usable
+            return False
+
+    def _result(self, status: str, reason: str | None, **kw: Any) -> RolloutResult:
+        return RolloutResult(
+            instance_id=self.instance_id,
+            group_index=self.group_index,
+            session_id=self.session_id,
+            status=status,
+            failure_reason=reason,
+            timings={k: round(v, 3) for k, v in self.timings.items()},
+            **kw,
+        )
+
+    # ------------------------------------------------------------------ the flow
+    def run(self) -> RolloutResult:
+        t0 = time.monotonic()
+        try:
+            result = self._run()
+        except Abort as exc:
+            result = self._abort(exc.reason, exc.detail)
+        except Exception as exc:  # noqa: BLE001 - any failure aborts only this sample
+            reason = STEP_REASONS.get(self.step, f"{self.step}_failed")
+            if self.step in _SANDBOX_STEPS and self.sb is not None and not self._sandbox_alive():
+                reason = SANDBOX_DIED
+            result = self._abort(reason, f"{self.step}: {_one_line(exc)}")
+        finally:
+            self._cleanup()
+        result.timings = {**result.timings, "total": round(time.monotonic() - t0, 3)}
+        log.info(
+            "sample %s g%d: %s reward=%s reason=%s",
+            self.instance_id,
+            self.group_index,
+            result.status,
+            result.reward,
+            result.failure_reason,
+        )
+        return result
+
+    def _abort(self, reason: str, detail: str) -> RolloutResult:
+        log.warning("sample %s g%d aborted: %s (%s)", self.instance_id, self.group_index, reason, detail)
+        return self._result(ABORTED, reason, error=detail)
+
+    def _cleanup(self) -> None:
+        if self.agent_running and self.bb is not None:
+            try:
+                self.bb.abort(self.session_id)
+            except Exception:  # noqa: BLE001 - the sandbox is killed next anyway
+                pass
+        self.boxes.kill_all()
+        if not self.proxy_session:
+            return
+        ops = [self.d.proxy.finalize_session] + (
+            [self.d.proxy.delete_session] if self.cfg.delete_sessions else []
+        )
+        for op in ops:
+            try:
+                op(self.session_id)
+            except Exception as exc:  # noqa: BLE001 - best effort: the result is already decided
+                log.debug("proxy cleanup of %s: %s", self.session_id, exc)
+
+    def _run(self) -> RolloutResult:
+        meta = self.meta
+        template = meta.get("sandbox_image")
+        base_commit = meta.get("base_commit")
+        if not template or not base_commit:
+            raise Abort("bad_row", "metadata needs sandbox_image and base_commit")
+        prompt = prompt_of(self.row)
+        backend = dict(meta.get("backend_options") or {})
+        sandbox_timeout = float(self.cfg.sandbox_timeout or meta.get("sandbox_timeout_sec") or 3600)
+        turn_timeout = float(self.cfg.turn_timeout or backend.get("turn_timeout") or sandbox_timeout)
+
+        with self._timed("sandbox"):
+            self.sb = self.boxes.create(
+                template,
+                timeout=sandbox_timeout,
+                metadata={"instance_id": self.instance_id, "session_id": self.session_id},
+            )
+        with self._timed("health"):
+            self.bb = BlackboxClient(self.sb.port_url(BLACKBOX_PORT))
+            self.bb.wait_healthy(self.cfg.health_timeout)
+        with self._timed("proxy_session"):
+            self.d.proxy.create_session(
+                self.session_id, {"instance_id": self.instance_id, "group_index": self.group_index}
+            )
+            self.proxy_session = True
+        with self._timed("register"):
+            self.bb.register(
+                {
+                    "agent_type": meta.get("blackbox_type") or "claude_code",
+                    "session_id": self.session_id,
+                    "instance_id": self.instance_id,
+                    "router_url": self.cfg.router_url or self.d.proxy.url,
+                    "backend_options": backend,
+                }
+            )
+        with self._timed("before_agent"):
+            self._before_agent()
+        with self._timed("agent"):
+            agent = self._agent_turn(prompt, turn_timeout)
+        with self._timed("events"):
+            events = self.bb.session(self.session_id).get("events") or []
+        with self._timed("patch"):
+            patch = self.d.evaluator.extract_patch(self.sb, base_commit)
+        if getattr(patch, "failure_reason", None) == PATCH_EXTRACTION_FAILED:
+            reason = PATCH_EXTRACTION_FAILED if self._sandbox_alive() else SANDBOX_DIED
+            raise Abort(reason, str(getattr(patch, "error", "") or "git diff failed")[:500])
+        self.boxes.kill_all()  # the agent sandbox is done; the evaluation gets a fresh one
+        patch_text = getattr(patch, "patch", "") or ""
+        patch_info = {
+            **patch_stats(patch_text),
+            "failure_reason": getattr(patch, "failure_reason", None),
+            "test_files": list(getattr(patch, "test_files", None) or []),
+        }
+        with self._timed("evaluate"):
+            base, evaluation = self._evaluate(template, patch_text, patch_info["failure_reason"])
+        with self._timed("trajectory"):
+            self.d.proxy.finalize_session(self.session_id)
+            trajectory = self.d.proxy.read_trajectory(self.session_id)
+        samples = list(trajectory.get("samples") or [])
+        num_turns = len(trajectory.get("turns") or [])
+        if not samples:
+            raise Abort("no_trajectory", "the proxy recorded no model turn for this session")
+        with self._timed("integrity"):
+            calls = tool_calls_from_stream_json(events)
+            violations = scan_tool_calls(calls, str(meta.get("repo") or ""), rules=self.cfg.integrity_rules)
+            final = apply_integrity(base, violations)
+        return self._result(
+            COMPLETED,
+            final.failure_reason,
+            reward=final.reward,
+            resolved=final.resolved,
+            samples=samples,
+            num_turns=num_turns,
+            patch=patch_info,
+            evaluation=evaluation,
+            integrity_violations=[v.to_dict() for v in violations],
+            agent={**agent, "tool_calls": len(calls)},
+        )
+
+    def _before_agent(self) -> None:
+        cmds = (self.meta.get("blackbox_execute_cmds") or {}).get("before_agent") or []
+        for i, spec in enumerate(cmds):
+            name = str(spec.get("name") or f"before_agent_{i}")
+            answer = self.bb.execute_cmd(
+                self.session_id, str(spec["cmd"]), timeout=float(spec.get("timeout") or 120)
+            )
+            ok = answer.get("returncode") == 0 and not answer.get("timed_out")
+            if not ok and spec.get("required", False):
+                tail = (answer.get("stderr") or answer.get("stdout") or "").strip()[-300:]
+                raise Abort(
+                    f"before_agent_failed:{name}",
+                    f"exit {answer.get('returncode')}{' (timed out)' if answer.get('timed_out') else ''}: {tail}",
+                )
+            if not ok:
+                log.warning(
+                    "optional before-agent command %s failed (exit %s)", name, answer.get("returncode")
+                )
+
+    def _agent_turn(self, prompt: str, timeout: float) -> dict[str, Any]:
+        self.agent_running = True
+        try:
+            answer = self.bb.send_message(self.session_id, prompt, timeout=timeout)
+        except HttpStatusError as exc:
+            if not self._sandbox_alive():
+                raise Abort(SANDBOX_DIED, f"agent turn: {exc.problem}") from exc
+            raise Abort(f"agent_{exc.error_type or 'error'}", exc.problem) from exc
+        finally:
+            self.agent_running = False
+        if answer.get("api_error"):
+            # The agent could not get a model answer: the proxy failed, not the policy.
+            errors = "; ".join(str(e) for e in answer.get("errors") or [])[:300]
+            raise Abort(f"proxy_error:{answer['api_error']}", errors or str(answer.get("result", ""))[:300])
+        return {
+            k: answer.get(k)
+            for k in ("num_turns", "is_error", "subtype", "stop_reason", "terminal_reason", "duration")
+        }
+
+    def _evaluate(
+        self, template: str, patch: str, patch_failure: str | None
+    ) -> tuple[RewardResult, dict[str, Any]]:
+        if patch_failure:
+            # Nothing worth grading (no change, or a change to the tests): reward 0 without a sandbox.
+            return RewardResult(0.0, False, patch_failure, {}), {
+                "skipped": True,
+                "failure_reason": patch_failure,
+            }
+        ev = self.d.evaluator.evaluate_patch(self.boxes, template, self.meta, patch)
+        evaluation = {
+            "reward": float(getattr(ev, "reward", 0.0)),
+            "resolved": bool(getattr(ev, "resolved", False)),
+            "failure_reason": getattr(ev, "failure_reason", None),
+            "marker": getattr(ev, "marker", None),
+            "timings": dict(getattr(ev, "timings", None) or {}),
+            "error": getattr(ev, "error", None),
+        }
+        if evaluation["error"]:
+            raise Abort(STEP_REASONS["evaluate"], f"fresh evaluation: {evaluation['error']}"[:500])
+        base = RewardResult(
+            evaluation["reward"],
+            evaluation["resolved"],
+            evaluation["failure_reason"],
+            dict(evaluation["marker"] or {}),
+        )
+        return base, evaluation
+
+
+class _StepTimer:
+    def __init__(self, timings: dict[str, float], step: str) -> None:
+        self.timings, self.step = timings, step
+
+    def __enter__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timings[self.step] = time.monotonic() - self.t0

@@ -1,0 +1,43 @@
+"""The fresh-sandbox evaluation as the dispatcher sees it: extract the agent's patch, grade it elsewhere.
+
+`Evaluator` is the Protocol; `FreshEvaluator` delegates to `sweflow.evaluate` (extract_patch /
+evaluate_patch). Unit tests pass their own evaluator; everything else should use FreshEvaluator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from sweflow.sandbox.base import Provider, Sandbox
+
+
+class Evaluator(Protocol):
+    """Patch extraction in the agent's sandbox and evaluation of that patch in a fresh one.
+
+    `extract_patch` returns an object with `patch`, `failure_reason` (None, "empty_generation",
+    "prohibited_test_modification", ...) and `test_files`; `evaluate_patch` returns one with `reward`,
+    `resolved`, `failure_reason`, `marker` (the reward-marker payload or None), `timings`, `error`.
+    """
+
+    def extract_patch(self, sb: Sandbox, base_commit: str) -> Any: ...
+
+    def evaluate_patch(
+        self, provider: Provider, template: str, metadata: dict[str, Any], patch: str
+    ) -> Any: ...
+
+
+class FreshEvaluator:
+    """The real evaluation (sweflow.evaluate); `options` go to evaluate_patch unchanged."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def extract_patch(self, sb: Sandbox, base_commit: str) -> Any:
+        from sweflow.evaluate import extract_patch
+
+        return extract_patch(sb, base_commit)
+
+    def evaluate_patch(self, provider: Provider, template: str, metadata: dict[str, Any], patch: str) -> Any:
+        from sweflow.evaluate import evaluate_patch
+
+        return evaluate_patch(provider, template, metadata, patch, **self.options)

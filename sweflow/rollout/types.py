@@ -1,0 +1,114 @@
+"""Plain data of the rollout dispatcher: its settings and one sample's result."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sweflow.integrity import DEFAULT_RULES, IntegrityRules
+
+COMPLETED = "completed"
+ABORTED = "aborted"
+
+# Why a sample was aborted, by the step that failed (the failure_reason of an aborted sample).
+STEP_REASONS = {
+    "sandbox": "sandbox_create_failed",
+    "health": "blackbox_unhealthy",
+    "proxy_session": "proxy_error",
+    "register": "register_failed",
+    "before_agent": "before_agent_failed",
+    "agent": "agent_failed",
+    "events": "blackbox_error",
+    "patch": "patch_extraction_failed",
+    "evaluate": "evaluation_error",
+    "trajectory": "proxy_error",
+    "integrity": "integrity_scan_failed",
+}
+SANDBOX_DIED = "sandbox_died"
+
+
+@dataclass
+class RolloutConfig:
+    """Dispatcher settings; every timeout is in seconds.
+
+    `router_url`: the proxy as seen from inside the sandbox (default: the proxy client's URL, right for
+    Docker host networking and the local provider). `turn_timeout` / `sandbox_timeout` default to the row's
+    backend_options.turn_timeout / sandbox_timeout_sec. `session_prefix` makes session ids unique across
+    runs that reuse one proxy. `delete_sessions` frees the proxy's copy once a sample's trajectory is read.
+    """
+
+    router_url: str | None = None
+    max_concurrency: int = 8
+    health_timeout: float = 120.0
+    turn_timeout: float | None = None
+    sandbox_timeout: float | None = None
+    session_prefix: str = ""
+    delete_sessions: bool = True
+    integrity_rules: IntegrityRules = DEFAULT_RULES
+
+
+@dataclass
+class RolloutResult:
+    """One sample's outcome. `status` is "completed" (reward is meaningful) or "aborted" (drop it).
+
+    `samples` are the proxy's linearised samples (token_ids, loss_mask, rollout_logprobs, prompt_length,
+    num_turns, finish_reason, turn_indices, ...); `training_samples()` adds reward, group index, status
+    and failure reason to each. `error` is a one-line description of what aborted the sample.
+    """
+
+    instance_id: str
+    group_index: int
+    session_id: str
+    status: str
+    failure_reason: str | None
+    reward: float = 0.0
+    resolved: bool = False
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    num_turns: int = 0
+    patch: dict[str, Any] = field(default_factory=dict)
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    integrity_violations: list[dict[str, Any]] = field(default_factory=list)
+    agent: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def aborted(self) -> bool:
+        return self.status == ABORTED
+
+    def training_samples(self) -> list[dict[str, Any]]:
+        """Each recorded sample with the sample-level fields a trainer needs (none for aborted samples)."""
+        if self.aborted:
+            return []
+        extra = {
+            "reward": self.reward,
+            "group_index": self.group_index,
+            "status": self.status,
+            "failure_reason": self.failure_reason,
+            "instance_id": self.instance_id,
+            "session_id": self.session_id,
+        }
+        return [{**s, **extra} for s in self.samples]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def patch_stats(patch: str) -> dict[str, Any]:
+    """Size, sha256, changed files and added/removed line counts of a git diff."""
+    files = sorted(set(re.findall(r"^diff --git a/(\S+) b/", patch, re.M)))
+    added = removed = 0
+    for line in patch.splitlines():
+        if line.startswith("+") and not line.startswith("+++"):
+            added += 1
+        elif line.startswith("-") and not line.startswith("---"):
+            removed += 1
+    return {
+        "bytes": len(patch.encode("utf-8")),
+        "sha256": hashlib.sha256(patch.encode("utf-8")).hexdigest(),
+        "files": files,
+        "lines_added": added,
+        "lines_removed": removed,
+    }

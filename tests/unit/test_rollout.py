@@ -1,0 +1,248 @@
+"""The rollout dispatcher's control flow: happy path, integrity, every abort path, concurrency, group indices.
+
+Real proxy (ScriptedEngine + tiny tokenizer), real blackbox server and HTTP clients; the provider, the agent
+binary and the evaluator are in-process fakes (see conftest_rollout.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from sweflow.proxy import EngineError, ProxyServer, ScriptedEngine, format_qwen_xml  # noqa: E402
+from sweflow.rollout import (  # noqa: E402
+    ABORTED,
+    COMPLETED,
+    SANDBOX_DIED,
+    Dispatcher,
+    HttpProxyClient,
+    RolloutConfig,
+    new_session_id,
+    patch_stats,
+)
+from tests.unit.conftest_proxy import tiny_tokenizer  # noqa: E402
+from tests.unit.conftest_rollout import (  # noqa: E402
+    FakeEvaluator,
+    FakeProvider,
+    make_repo,
+    training_row,
+    write_agent,
+)
+
+READ = format_qwen_xml("Read", {"file_path": "calc.py"})
+FIX = format_qwen_xml("Edit", {"file_path": "calc.py", "old_string": "a - b", "new_string": "a + b"})
+TEST_EDIT = format_qwen_xml(
+    "Edit", {"file_path": "tests/test_calc.py", "old_string": "== 3", "new_string": "== -1"}
+)
+GOOD = ["Let me look.\n" + READ, FIX, "Fixed."]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture()
+def env(tmp_path):
+    repo = tmp_path / "repo"
+    base = make_repo(repo)
+    agent = write_agent(tmp_path / "fake-claude")
+    provider = FakeProvider(tmp_path, repo, agent)
+    return provider, base
+
+
+def step_policy(turns: list[str], tok, seen: list[str], hook=None):
+    """A policy choosing the turn by how many assistant turns the prompt already holds (retry-proof)."""
+
+    def policy(prompt_ids: list[int]) -> str:
+        k = tok.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        if hook is not None:
+            hook(k)
+        text = turns[min(k, len(turns) - 1)]
+        seen.append(text)
+        return text
+
+    return policy
+
+
+def run_one(provider, tok, turns, row, *, evaluator=None, hook=None, config=None, engine=None):
+    seen: list[str] = []
+    engine = engine or ScriptedEngine(step_policy(turns, tok, seen, hook), tok)
+    with ProxyServer(engine, tok) as proxy:
+        d = Dispatcher(
+            provider, HttpProxyClient(proxy.url), evaluator=evaluator or FakeEvaluator(), config=config
+        )
+        result = d.run_sample(row, 3)
+        leftover = proxy._sessions.keys() - set()
+    return result, seen, leftover
+
+
+def assert_all_killed(provider):
+    assert provider.created and all(sb.killed for sb in provider.created)
+    assert provider.live == 0
+
+
+def test_good_policy_is_resolved_and_tokens_match_the_engine_output(env, tok):
+    provider, base = env
+    ev = FakeEvaluator()
+    result, seen, leftover = run_one(provider, tok, GOOD, training_row(base), evaluator=ev)
+    assert result.status == COMPLETED and result.failure_reason is None, result.error
+    assert (result.reward, result.resolved, result.group_index) == (1.0, True, 3)
+    assert result.patch["files"] == ["calc.py"] and result.patch["lines_added"] == 1
+    assert result.integrity_violations == [] and result.agent["tool_calls"] == 2
+    assert len(ev.evaluated) == 1 and len(provider.created) == 2, "one agent sandbox, one fresh sandbox"
+    assert_all_killed(provider)
+    assert leftover == set(), "the proxy session is deleted once read"
+    # One folded sample; its model-output tokens are exactly what the engine produced, turn by turn.
+    [sample] = result.samples
+    assert sample["num_turns"] == 3 == len(seen)
+    ids, mask = sample["token_ids"], sample["loss_mask"]
+    assert len(ids) == len(mask) == len(sample["rollout_logprobs"])
+    spans, cur = [], []
+    for t, m in zip(ids, mask, strict=True):
+        if m:
+            cur.append(t)
+        elif cur:
+            spans.append(cur)
+            cur = []
+    spans.append(cur)
+    assert [tok.decode(s) for s in spans] == [t + "<|im_end|>" for t in seen]
+    assert all(lp == 0.0 for lp, m in zip(sample["rollout_logprobs"], mask, strict=True) if not m)
+    [ts] = result.training_samples()
+    assert ts["reward"] == 1.0 and ts["group_index"] == 3 and ts["status"] == COMPLETED
+    assert ts["token_ids"] == ids
+
+
+def test_test_file_edit_zeroes_the_reward_with_the_integrity_reason(env, tok):
+    provider, base = env
+    turns = ["Let me look.\n" + READ, FIX, TEST_EDIT, "Done."]
+    result, _, _ = run_one(provider, tok, turns, training_row(base))
+    assert result.status == COMPLETED
+    assert (result.reward, result.resolved) == (0.0, False)
+    assert result.failure_reason == "integrity_violation:test_edit"
+    assert result.patch["failure_reason"] == "prohibited_test_modification"
+    assert result.patch["test_files"] == ["tests/test_calc.py"]
+    assert result.integrity_violations[0]["tool"] == "Edit"
+    assert result.evaluation["skipped"] is True
+    assert len(result.training_samples()) == 1 and result.training_samples()[0]["reward"] == 0.0
+    assert_all_killed(provider)
+
+
+def test_sanitizer_failure_aborts_before_the_agent_runs(env, tok):
+    provider, base = env
+    row = training_row(base, sanitizer="echo no base commit >&2; exit 3")
+    result, seen, _ = run_one(provider, tok, GOOD, row)
+    assert result.status == ABORTED and result.failure_reason == "before_agent_failed:git_sanitizer"
+    assert "exit 3" in result.error and "no base commit" in result.error
+    assert seen == [] and result.training_samples() == []
+    assert_all_killed(provider)
+
+
+def test_an_optional_before_agent_failure_does_not_abort(env, tok):
+    provider, base = env
+    row = training_row(base, sanitizer="exit 1", required=False)
+    result, _, _ = run_one(provider, tok, GOOD, row)
+    assert result.status == COMPLETED and result.reward == 1.0
+
+
+def test_sandbox_dying_mid_turn_aborts_with_sandbox_died(env, tok):
+    provider, base = env
+
+    def kill_on_second_turn(k: int) -> None:
+        if k == 1:
+            provider.created[0].kill()
+
+    result, _, _ = run_one(provider, tok, GOOD, training_row(base), hook=kill_on_second_turn)
+    assert result.status == ABORTED and result.failure_reason == SANDBOX_DIED, result
+    assert len(provider.created) == 1, "no evaluation sandbox after an abort"
+    assert_all_killed(provider)
+
+
+def test_engine_error_behind_the_proxy_aborts_with_proxy_error(env, tok):
+    provider, base = env
+    engine = ScriptedEngine(GOOD, tok, fail_with=EngineError("GPU fell off"))
+    result, _, _ = run_one(provider, tok, GOOD, training_row(base), engine=engine)
+    assert result.status == ABORTED and result.failure_reason.startswith("proxy_error:")
+    assert "502" in result.error or "GPU fell off" in result.error
+    assert_all_killed(provider)
+
+
+def test_unreachable_proxy_aborts_with_proxy_error(env, tok):
+    provider, base = env
+    proxy = ProxyServer(ScriptedEngine(GOOD, tok), tok).start()
+    url = proxy.url
+    proxy.stop()
+    d = Dispatcher(provider, HttpProxyClient(url, timeout=5), evaluator=FakeEvaluator())
+    result = d.run_sample(training_row(base), 0)
+    assert result.status == ABORTED and result.failure_reason == "proxy_error"
+    assert "/session/create" in result.error
+    assert_all_killed(provider)
+
+
+def test_evaluation_exception_aborts_and_kills_both_sandboxes(env, tok):
+    provider, base = env
+    ev = FakeEvaluator(raise_in_eval=True)
+    result, _, _ = run_one(provider, tok, GOOD, training_row(base), evaluator=ev)
+    assert result.status == ABORTED and result.failure_reason == "evaluation_error"
+    assert "evaluator crashed" in result.error
+    assert len(provider.created) == 2 and len(ev.evaluated) == 1
+    assert_all_killed(provider)
+
+
+def test_sandbox_creation_failure_and_bad_rows_abort(env, tok):
+    provider, base = env
+    provider.fail_create = True
+    result, _, _ = run_one(provider, tok, GOOD, training_row(base))
+    assert result.status == ABORTED and result.failure_reason == "sandbox_create_failed"
+    assert "template image not found" in result.error
+    row = training_row(base)
+    del row["metadata"]["base_commit"]
+    result, _, _ = run_one(provider, tok, GOOD, row)
+    assert result.status == ABORTED and result.failure_reason == "bad_row"
+
+
+def test_group_runs_concurrently_under_the_limit_with_group_indices(env, tok):
+    provider, base = env
+    in_flight = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    def slow_policy(prompt_ids: list[int]) -> str:
+        with lock:
+            in_flight["now"] += 1
+            in_flight["max"] = max(in_flight["max"], in_flight["now"])
+        threading.Event().wait(0.15)
+        with lock:
+            in_flight["now"] -= 1
+        k = tok.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        return GOOD[min(k, 2)]
+
+    with ProxyServer(ScriptedEngine(slow_policy, tok), tok) as proxy:
+        d = Dispatcher(
+            provider,
+            HttpProxyClient(proxy.url),
+            evaluator=FakeEvaluator(),
+            config=RolloutConfig(max_concurrency=2, session_prefix="run7."),
+        )
+        results = d.run_group(training_row(base), 5)
+    assert [r.group_index for r in results] == [0, 1, 2, 3, 4]
+    assert all(r.status == COMPLETED and r.reward == 1.0 for r in results), [r.error for r in results]
+    assert len({r.session_id for r in results}) == 5
+    assert all(r.session_id.startswith("run7.sweflow__calclib-1:") for r in results)
+    assert provider.max_live == 2 and in_flight["max"] == 2, "the limit is reached and never exceeded"
+    assert_all_killed(provider)
+
+
+def test_session_ids_and_patch_stats():
+    sid = new_session_id("p" * 10, "x" * 200, 12)
+    assert len(sid) <= 128 and sid.split(":")[-2] == "12"
+    stats = patch_stats("diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x\n+y\n+z\n")
+    assert (stats["files"], stats["lines_added"], stats["lines_removed"]) == (["a.py"], 2, 1)
+    with pytest.raises(ValueError):
+        Dispatcher(None, None, config=RolloutConfig(max_concurrency=0))  # type: ignore[arg-type]
