@@ -1,0 +1,138 @@
+"""validate_task in real Docker and local (bubblewrap) sandboxes: every sample task is valid, and each kind
+of broken task gets its own verdict."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+import threading
+
+import pytest
+
+from sweflow.sample import load_task
+from sweflow.validation import validate_task
+
+try:  # the fixture module is imported explicitly (no shared conftest)
+    from tests.integration.conftest_validation import ALL_IDS, sample_env  # noqa: F401
+except ModuleNotFoundError:  # pragma: no cover - run without the repo root on sys.path
+    from conftest_validation import ALL_IDS, sample_env  # type: ignore[no-redef]  # noqa: F401
+
+pytestmark = [pytest.mark.integration]
+
+TASK = "sweflow__calclib-1"
+
+
+def test_every_sample_task_validates(sample_env):  # noqa: F811
+    env = sample_env
+
+    def one(iid):
+        inst = load_task(iid)
+        return validate_task(env.provider, env.meta(inst), inst["patch"], repeats=2, poll_interval=0.5)
+
+    with cf.ThreadPoolExecutor(max_workers=2) as pool:
+        recs = list(pool.map(one, ALL_IDS))
+    bad = {r["instance_id"]: (r["verdict"], r["reason"]) for r in recs if r["verdict"] != "valid"}
+    assert bad == {}
+    for r in recs:
+        assert r["gold"] == {"resolved": 2, "runs": 2} and r["empty"] == {"resolved": 0, "runs": 2}
+        gold = [x for x in r["runs"] if x["patch"] == "gold"]
+        empty = [x for x in r["runs"] if x["patch"] == "empty"]
+        assert all(x["reward"] == 1.0 and x["marker"]["test_exit_code"] == 0 for x in gold)
+        assert all(x["failure_reason"] == "fail_to_pass_failure" for x in empty)
+        assert all(x["marker"]["fail_to_pass_success"] == 0 for x in empty)
+
+
+class AlternatingEnvProvider:
+    """Passes FLAKY_RUN=0,0,1,1,2,2,... to successive sandboxes: the 'environment' a flaky test depends on."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+        self._n = itertools.count()
+        self._lock = threading.Lock()
+
+    def create(self, template, *, timeout, env=None, metadata=None):
+        with self._lock:
+            n = next(self._n)
+        return self.inner.create(template, timeout=timeout, env={**(env or {}), "FLAKY_RUN": str(n // 2)},
+                                 metadata=metadata)  # fmt: skip
+
+
+def _variants(env):
+    """(name, instance, gold patch, provider) for each deliberately broken version of TASK."""
+    inst = load_task(TASK)
+    base = inst["base_commit"]
+    tok = "calclib/tokenizer.py"
+    src = env.read_base(base, tok)
+    test_file = "tests/test_tokenizer.py"
+    out = []
+
+    # 1. a gold patch that changes code but does not fix the bug
+    noop = env.make_patch(base, {tok: src + "\n# refactor: nothing to see here\n"})
+    out.append(("gold_does_not_fix", inst, noop, env.provider))
+
+    # 2. the task's fail-to-pass test always passes (so doing nothing "solves" it)
+    always = {"tests/test_always.py": "def test_always():\n    assert True\n"}
+    test_patch = env.make_patch(base, always, on_top_of=inst["test_patch"])
+    easy = {**inst, "test_patch": test_patch, "FAIL_TO_PASS": ["tests/test_always.py::test_always"]}
+    out.append(("test_always_passes", easy, inst["patch"], env.provider))
+
+    # 3. a flaky pass-to-pass test: it fails whenever FLAKY_RUN is odd
+    flaky_test = {"tests/test_flaky.py": "import os\n\n\ndef test_flaky():\n    assert int(os.environ.get('FLAKY_RUN', '0')) % 2 == 0\n"}  # fmt: skip
+    test_patch = env.make_patch(base, flaky_test, on_top_of=inst["test_patch"])
+    flaky = {**inst, "test_patch": test_patch, "PASS_TO_PASS": [*inst["PASS_TO_PASS"], "tests/test_flaky.py::test_flaky"]}  # fmt: skip
+    out.append(("flaky", flaky, inst["patch"], AlternatingEnvProvider(env.provider)))
+
+    # 4. a gold patch that does not apply (its context is not in the file)
+    broken = inst["patch"].replace(
+        "         while i < n and text[i].isdigit():", "         while i < n and text[i].isalpha():"
+    )
+    assert broken != inst["patch"]
+    out.append(("does_not_apply", inst, broken, env.provider))
+
+    # 5. a gold patch that also edits a test
+    edits_test = env.make_patch(
+        base, {test_file: env.read_base(base, test_file) + "\n# tweak\n"}, on_top_of=inst["patch"]
+    )
+    out.append(("edits_test", inst, edits_test, env.provider))
+
+    # 6. a non-fix that forges PASSED lines for the required tests and makes pytest exit 0
+    forged_lines = "".join(f"PASSED {t}\\n" for t in inst["FAIL_TO_PASS"] + inst["PASS_TO_PASS"])
+    forge = (
+        src + "\n\nimport atexit as _atexit, os as _os\n\n\n"
+        f"def _forge():\n    _os.write(1, b'{forged_lines}')\n    _os._exit(0)\n\n\n_atexit.register(_forge)\n"
+    )
+    out.append(("forged_passed", inst, env.make_patch(base, {tok: forge}), env.provider))
+    return out
+
+
+EXPECTED = {
+    "gold_does_not_fix": ("gold_fails", "fail_to_pass_failure x2"),
+    "test_always_passes": ("empty_passes", "empty patch resolved 2/2 runs"),
+    "flaky": ("flaky", "gold resolved 1/2 runs: pass_to_pass_regression"),
+    "does_not_apply": ("gold_fails", "failed_apply_patch x2"),
+    "edits_test": ("gold_fails", "prohibited_test_modification"),
+    "forged_passed": ("gold_fails", "log_contradicts_exit_code x2"),
+}
+
+
+def test_broken_variants_get_the_right_verdict(sample_env):  # noqa: F811
+    env = sample_env
+
+    def one(v):
+        name, inst, patch, provider = v
+        meta = env.meta(inst)
+        return name, validate_task(provider, meta, patch, repeats=2, parallel=1, poll_interval=0.5)
+
+    with cf.ThreadPoolExecutor(max_workers=2) as pool:
+        got = dict(pool.map(one, _variants(env)))
+    assert {k: (r["verdict"], r["reason"]) for k, r in got.items()} == EXPECTED
+    assert (
+        got["edits_test"]["gold_test_files"] == ["tests/test_tokenizer.py"]
+        and got["edits_test"]["runs"] == []
+    )
+    forged = [r for r in got["forged_passed"]["runs"] if r["patch"] == "gold"]
+    # the forged lines fool a last-line-wins parse (all required tests "pass") but not the contradiction check
+    assert all(
+        r["marker"]["fail_to_pass_success"] == 2 and r["marker"]["test_exit_code"] == 0 for r in forged
+    )
+    assert "git apply failed" in got["does_not_apply"]["runs"][0]["output_tail"]
