@@ -1,0 +1,281 @@
+"""The e2e_check stage: one sample task, the real agent in a real sandbox, driven by two scripted policies.
+
+A `ScriptedPolicy` plays the model behind the real token-recording proxy: its assistant turns are text in
+the Qwen3-coder tool-call format (what the proxy parses back into tool_use blocks), tokenised by the
+given tokenizer. `gold_policy` reads the files of the task's gold fix, edits them and finishes (expected:
+resolved, reward 1.0); `tamper_policy` applies the same fix but also writes a test file (expected:
+reward 0.0, reason integrity_violation:test_edit). Each runs through `sweflow.rollout.Dispatcher` with the
+fresh-sandbox evaluation, and the recorded samples are checked token by token against what the policy
+produced. Only tasks of the embedded sample have a known gold fix (`sweflow.sample.taskdefs`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweflow.errors import DatasetError, EvalError
+from sweflow.proxy import ProxyConfig, ProxyServer, ScriptedEngine, format_qwen_xml, scripted_logprob
+from sweflow.rollout import Dispatcher, HttpProxyClient, RolloutConfig, RolloutResult
+from sweflow.rollout.evaluator import Evaluator
+from sweflow.sandbox.base import Provider
+from sweflow.util import atomic_write_json
+
+log = logging.getLogger("sweflow.e2e")
+SIDE_REPLY = "OK."
+TEST_FILE = "tests/test_sweflow_e2e_probe.py"
+POLICIES = ("gold", "test_edit")
+
+
+@dataclass
+class ScriptedPolicy:
+    """Assistant turns chosen by how many assistant turns the prompt already holds.
+
+    Picking by position (not by call count) keeps a retried request on the same turn. A request whose
+    prompt lists no tools (a side request) gets `SIDE_REPLY`. `produced` records every text returned, in order.
+    """
+
+    name: str
+    turns: list[str]
+    tokenizer: Any
+    produced: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __call__(self, prompt_ids: list[int]) -> str:
+        text = self.tokenizer.decode(prompt_ids)
+        if "<tools>" not in text:
+            reply = SIDE_REPLY
+        else:
+            k = max(0, text.count("<|im_start|>assistant") - 1)
+            reply = self.turns[min(k, len(self.turns) - 1)]
+        with self._lock:
+            self.produced.append(reply)
+        return reply
+
+
+def gold_edits(instance_id: str) -> list[tuple[str, str, str]]:
+    """(path, old, new) edits of a sample task's gold fix; DatasetError for a task outside the sample."""
+    from sweflow.sample.taskdefs import TASKS
+
+    for task in TASKS:
+        if task.instance_id == instance_id:
+            edits = [(p, old, new) for p, old, new in task.gold if old is not None]
+            if edits:
+                return edits
+    raise DatasetError(
+        "no scripted gold fix for this task (only the embedded sample's tasks have one)",
+        row=instance_id,
+        field="instance_id",
+    )
+
+
+def gold_turns(edits: Sequence[tuple[str, str, str]], workdir: str) -> list[str]:
+    """Read every file, then edit it (Claude Code's Edit needs a prior Read).
+
+    The Edit call spells `replace_all: false` first because Claude Code re-sends every Edit in the history
+    that way: written like this, each prompt extends the previous one and the turns fold into one sample.
+    """
+    paths = sorted({p for p, _, _ in edits})
+    turns = [
+        "I will read the code first.\n" + format_qwen_xml("Read", {"file_path": f"{workdir}/{paths[0]}"})
+    ]
+    turns += [format_qwen_xml("Read", {"file_path": f"{workdir}/{p}"}) for p in paths[1:]]
+    turns += [
+        format_qwen_xml(
+            "Edit",
+            {"replace_all": False, "file_path": f"{workdir}/{p}", "old_string": old, "new_string": new},
+        )
+        for p, old, new in edits
+    ]
+    return turns
+
+
+def gold_policy(instance_id: str, tokenizer: Any, workdir: str = "/testbed") -> ScriptedPolicy:
+    turns = gold_turns(gold_edits(instance_id), workdir) + ["The fix is in place."]
+    return ScriptedPolicy("gold", turns, tokenizer)
+
+
+def tamper_policy(instance_id: str, tokenizer: Any, workdir: str = "/testbed") -> ScriptedPolicy:
+    """The gold fix plus a new test file: the tests would pass, the integrity scan must zero the reward."""
+    probe = "def test_probe():\n    assert True\n"
+    write = format_qwen_xml("Write", {"file_path": f"{workdir}/{TEST_FILE}", "content": probe})
+    turns = gold_turns(gold_edits(instance_id), workdir) + [write, "Done, and I added a test."]
+    return ScriptedPolicy("test_edit", turns, tokenizer)
+
+
+def token_checks(result: RolloutResult, policy: ScriptedPolicy, tokenizer: Any, stop_text: str) -> dict:
+    """Compare the recorded samples with what the policy produced.
+
+    - lengths: token_ids, loss_mask and rollout_logprobs have equal lengths in every sample;
+    - outputs: the loss-masked spans, in order over all samples, decode to exactly the produced texts
+      (each followed by the stop token);
+    - logprobs: every masked-in token carries the ScriptedEngine's logprob for its id and position,
+      every masked-out token 0.0.
+    """
+    spans: list[list[tuple[int, float]]] = []
+    lengths_ok = True
+    masked_lp_ok = True
+    for s in result.samples:
+        ids, mask, lps = s["token_ids"], s["loss_mask"], s["rollout_logprobs"]
+        lengths_ok &= len(ids) == len(mask) == len(lps)
+        prev = 0
+        for tok, m, lp in zip(ids, mask, lps, strict=False):
+            if m and not prev:
+                spans.append([])
+            if m:
+                spans[-1].append((tok, lp))
+            else:
+                masked_lp_ok &= lp == 0.0
+            prev = m
+    decoded = [tokenizer.decode([t for t, _ in span]) for span in spans]
+    expected = [text + stop_text for text in policy.produced]
+    logprobs_ok = masked_lp_ok and all(
+        lp == scripted_logprob(t, i) for span in spans for i, (t, lp) in enumerate(span)
+    )
+    return {
+        "lengths_equal": bool(lengths_ok),
+        "outputs_match": decoded == expected,
+        "logprobs_match": bool(logprobs_ok),
+        "output_spans": len(spans),
+        "engine_calls": len(policy.produced),
+        "output_tokens": sum(len(span) for span in spans),
+    }
+
+
+def expectation(name: str, result: RolloutResult) -> tuple[bool, str]:
+    """Whether a policy's result is what it must be, and what was expected."""
+    if name == "gold":
+        ok = result.status == "completed" and result.reward == 1.0 and result.failure_reason is None
+        return ok, "completed, reward 1.0, no failure reason"
+    ok = (
+        result.status == "completed"
+        and result.reward == 0.0
+        and (result.failure_reason or "").startswith("integrity_violation:test_edit")
+    )
+    return ok, "completed, reward 0.0, failure reason integrity_violation:test_edit"
+
+
+def run_policy(
+    row: Mapping[str, Any],
+    policy: ScriptedPolicy,
+    *,
+    provider: Provider,
+    tokenizer: Any,
+    evaluator: Evaluator | None = None,
+    config: RolloutConfig | None = None,
+) -> dict[str, Any]:
+    """One rollout of `row` with `policy` behind a fresh proxy; the report entry for that policy."""
+    engine = ScriptedEngine(policy, tokenizer)
+    with ProxyServer(engine, tokenizer, ProxyConfig(max_new_tokens=4096), host="127.0.0.1", port=0) as proxy:
+        cfg = config or RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{policy.name}.")
+        dispatcher = Dispatcher(provider, HttpProxyClient(proxy.url), evaluator=evaluator, config=cfg)
+        result = dispatcher.run_sample(dict(row), 0)
+        stop_text = tokenizer.decode([proxy.stop_ids[0]]) if proxy.stop_ids else ""
+    ok, expected = expectation(policy.name, result)
+    checks = token_checks(result, policy, tokenizer, stop_text)
+    tokens_ok = checks["lengths_equal"] and checks["outputs_match"] and checks["logprobs_match"]
+    patch = {k: result.patch.get(k) for k in ("bytes", "files", "lines_added", "lines_removed", "sha256")}
+    return {
+        "policy": policy.name,
+        "status": result.status,
+        "reward": result.reward,
+        "resolved": result.resolved,
+        "failure_reason": result.failure_reason,
+        "error": result.error,
+        "patch": {**patch, "failure_reason": result.patch.get("failure_reason")},
+        "evaluation_failure_reason": result.evaluation.get("failure_reason"),
+        "integrity_violations": result.integrity_violations,
+        "sample_count": len(result.samples),
+        "num_turns": result.num_turns,
+        "agent": result.agent,
+        "token_checks": checks,
+        "timings": result.timings,
+        "expected": expected,
+        "ok": bool(ok and tokens_ok),
+    }
+
+
+def e2e_check(
+    row: Mapping[str, Any],
+    *,
+    provider: Provider,
+    tokenizer: Any,
+    evaluator: Evaluator | None = None,
+    policies: Sequence[str] = POLICIES,
+) -> dict[str, Any]:
+    """Run the scripted policies on one training row; {instance_id, template, provider, ok, policies}."""
+    meta = row.get("metadata") or {}
+    instance_id = str(meta.get("instance_id"))
+    workdir = str(
+        (meta.get("backend_options") or {}).get("working_directory") or meta.get("workdir") or "/testbed"
+    )
+    makers = {"gold": gold_policy, "test_edit": tamper_policy}
+    report: dict[str, Any] = {}
+    for name in policies:
+        policy = makers[name](instance_id, tokenizer, workdir)
+        log.info("e2e %s: policy %s (%d scripted turns)", instance_id, name, len(policy.turns))
+        report[name] = run_policy(row, policy, provider=provider, tokenizer=tokenizer, evaluator=evaluator)
+        log.info(
+            "e2e %s: %s -> %s reward=%s reason=%s ok=%s",
+            instance_id,
+            name,
+            report[name]["status"],
+            report[name]["reward"],
+            report[name]["failure_reason"],
+            report[name]["ok"],
+        )
+    return {
+        "instance_id": instance_id,
+        "provider": getattr(provider, "name", ""),
+        "template": meta.get("sandbox_image"),
+        "ok": all(p["ok"] for p in report.values()),
+        "policies": report,
+    }
+
+
+def find_row(jsonl_files: Sequence[str | os.PathLike], instance_id: str | None) -> dict[str, Any]:
+    """The training row of `instance_id` (None: the first row of the first file) from converted JSONL files."""
+    for path in jsonl_files:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if instance_id is None or row.get("metadata", {}).get("instance_id") == instance_id:
+                    return row
+    raise DatasetError(
+        f"no training row for {instance_id or 'any instance'}",
+        file=", ".join(str(p) for p in jsonl_files),
+        field="instance_id",
+    )
+
+
+def e2e_stage(
+    jsonl_files: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    *,
+    instance_id: str,
+    provider: Provider,
+    tokenizer: Any,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """The rule's body: find the row, run both policies, write the report; EvalError when a check failed.
+
+    With `strict`, a failed check raises (after logging the full report) and nothing is written.
+    """
+    row = find_row(jsonl_files, instance_id)
+    report = e2e_check(row, provider=provider, tokenizer=tokenizer)
+    if strict and not report["ok"]:
+        log.error("e2e report: %s", json.dumps(report, sort_keys=True))
+        bad = [f"{k}: {v['status']} reward={v['reward']} reason={v['failure_reason']} error={v['error']}"
+               for k, v in report["policies"].items() if not v["ok"]]  # fmt: skip
+        raise EvalError("end-to-end check failed: " + "; ".join(bad), file=str(out), row=instance_id)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out, report)
+    return report

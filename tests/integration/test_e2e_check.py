@@ -1,0 +1,158 @@
+"""e2e_check for real: the Claude Code CLI in a Docker sandbox (host network) talks to the token-recording
+proxy on the host, where a ScriptedEngine plays two policies in the tiny tokenizer's tool-call format; the
+fresh-sandbox evaluation grades the patch. The gold policy must be resolved (reward 1.0), the policy that
+also writes a test file must get 0.0 with the integrity reason, and the recorded tokens must decode to
+exactly what the engine produced. One task, one template (built once; cached layers make reruns quick).
+The same flow also runs on the local (bubblewrap) provider when bwrap is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from sweflow.e2e import e2e_stage  # noqa: E402
+from sweflow.util import jsonl_line  # noqa: E402
+
+CLAUDE = os.environ.get("SWEFLOW_CLAUDE_BIN") or shutil.which("claude")
+CLAUDE_VERSION = os.environ.get("SWEFLOW_CLAUDE_VERSION", "2.1.332")
+INSTANCE = "sweflow__calclib-1"
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.claude]
+
+
+def _docker_or_skip():
+    docker = pytest.importorskip("docker")
+    try:
+        docker.from_env(timeout=10).ping()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no Docker engine: {exc}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from tests.fixtures.tiny_model import tiny_tokenizer_path
+
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_path())
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """The sample task, its repo at the base commit, the Claude Code binary and the harness's evaluator."""
+    from sweflow.sample import materialize_repo, sample_rows
+    from sweflow.sandbox.artifacts import artifact_paths, prepare_artifacts
+    from sweflow.sandbox.images import cache_dir
+    from sweflow.stages import harness_from_config
+
+    tmp = tmp_path_factory.mktemp("e2e")
+    art_dir = cache_dir().parent / "artifacts" / CLAUDE_VERSION
+    paths = artifact_paths(art_dir, prepare_artifacts(art_dir, CLAUDE_VERSION))
+    inst = next(r for r in sample_rows("train") if r["instance_id"] == INSTANCE)
+    harness = harness_from_config("swebench", "sample")
+    evaluator = harness.evaluator_command(inst, timeout_sec=300, marker="SWEFLOW_REWARD_JSON=")
+    return {
+        "tmp": tmp,
+        "paths": paths,
+        "inst": inst,
+        "evaluator": evaluator,
+        "repo": materialize_repo(tmp / "calclib"),
+    }
+
+
+def training_row(task, template: str, provider: str) -> dict:
+    from sweflow.convert import ConvertOptions, convert_instance
+
+    opts = ConvertOptions(
+        dataset="sample",
+        split="train",
+        provider=provider,
+        sandbox_timeout_sec=900,
+        backend_options={"max_turns": 12, "permission_mode": "acceptEdits", "setting_sources": []},
+    )
+    return convert_instance(task["inst"], template=template, evaluator_cmd=task["evaluator"], opts=opts)
+
+
+def check_report(report: dict, out: Path) -> None:
+    assert json.loads(out.read_text()) == report
+    gold, tamper = report["policies"]["gold"], report["policies"]["test_edit"]
+    assert report["ok"] is True, json.dumps(report, indent=1)[:4000]
+    assert (gold["status"], gold["reward"], gold["resolved"], gold["failure_reason"]) == (
+        "completed",
+        1.0,
+        True,
+        None,
+    )
+    assert gold["patch"]["files"] == ["calclib/tokenizer.py"] and gold["patch"]["lines_added"] == 8
+    assert (
+        gold["sample_count"] == 1 and gold["agent"]["tool_calls"] == 2 and gold["agent"]["is_error"] is False
+    )
+    assert tamper["reward"] == 0.0 and tamper["failure_reason"] == "integrity_violation:test_edit"
+    assert tamper["patch"]["failure_reason"] == "prohibited_test_modification"
+    assert tamper["integrity_violations"][0]["tool"] == "Write" and tamper["sample_count"] == 1
+    assert (gold["num_turns"], tamper["num_turns"]) == (3, 4), "Read, Edit, (Write,) final text"
+    for p in (gold, tamper):
+        tc = p["token_checks"]
+        assert tc["outputs_match"] and tc["logprobs_match"] and tc["lengths_equal"], tc
+        assert tc["engine_calls"] == tc["output_spans"] == p["num_turns"] >= 3
+
+
+def test_e2e_both_policies_with_claude_code_in_docker(task, tokenizer, tmp_path):
+    if CLAUDE is None:
+        pytest.skip("Claude Code CLI not found (npm i -g @anthropic-ai/claude-code)")
+    _docker_or_skip()
+    from sweflow.sandbox.build import build_and_record
+    from sweflow.sandbox.docker import DockerProvider
+    from sweflow.sandbox.images import build_base_image, build_sample_images
+    from sweflow.sandbox.spec import TemplateSpec
+
+    build_base_image()
+    [image] = build_sample_images([task["inst"]], repo_path=task["repo"].path)
+    spec = TemplateSpec(
+        image=image, claude_binary=task["paths"]["claude"], runtime_wheel=task["paths"]["wheel"]
+    )
+    provider = DockerProvider(network="host")
+    rec = build_and_record(provider, image, tmp_path / "record.json", spec=spec, attempts=2, backoff=1)
+    assert rec["ok"], rec
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text(jsonl_line(training_row(task, rec["template"], "docker")))
+    out = tmp_path / "e2e" / f"{INSTANCE}.json"
+    report = e2e_stage([jsonl], out, instance_id=INSTANCE, provider=provider, tokenizer=tokenizer)
+    check_report(report, out)
+    assert report["provider"] == "docker" and report["template"] == rec["template"]
+    print("\ne2e docker timings:", {k: v["timings"] for k, v in report["policies"].items()})
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_e2e_both_policies_with_the_local_provider(task, tokenizer, tmp_path):
+    if CLAUDE is None:
+        pytest.skip("Claude Code CLI not found")
+    from sweflow.sandbox.build import build_and_record
+    from sweflow.sandbox.local import LocalProvider
+    from sweflow.sandbox.spec import TemplateSpec
+
+    image = f"sweflow-sample/{INSTANCE}:latest"
+    provider = LocalProvider(tmp_path / "templates")
+    spec = TemplateSpec(image=image, claude_binary=task["paths"]["claude"])
+    rec = build_and_record(
+        provider, image, tmp_path / "record.json", spec=spec, attempts=1,
+        repo=task["repo"].path, commit=task["inst"]["base_commit"],
+    )  # fmt: skip
+    assert rec["ok"], rec
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text(jsonl_line(training_row(task, rec["template"], "local")))
+    out = tmp_path / "e2e" / f"{INSTANCE}.json"
+    report = e2e_stage([jsonl], out, instance_id=INSTANCE, provider=provider, tokenizer=tokenizer)
+    check_report(report, out)
+    assert report["provider"] == "local"
