@@ -1,0 +1,29 @@
+# End-to-end check: one sample task with the real agent in a real sandbox, the token-recording proxy in
+# front of a scripted policy, the fresh-sandbox evaluation and the reward (a gold policy must score 1.0,
+# a policy that edits a test file 0.0 with the integrity reason).
+
+E2E_INSTANCE = config.get("e2e", {}).get("instance") or "sweflow__calclib-1"
+
+
+rule e2e_check:
+    input:
+        jsonl=expand("results/{{dataset}}/{split}/tasks.valid.jsonl", split=SPLITS),
+    output:
+        report="results/{dataset}/e2e/{instance_id}.json",
+    log:
+        "logs/{dataset}/e2e_check/{instance_id}.log",
+    wildcard_constraints:
+        instance_id=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    conda:
+        "../envs/agent.yaml"
+    params:
+        provider=PROVIDER,
+        sandbox=config["sandbox"],
+        tokenizer=config.get("e2e", {}).get("tokenizer"),
+    script:
+        "../scripts/e2e_check.py"
+
+
+rule e2e:
+    input:
+        report=f"results/{DATASET}/e2e/{E2E_INSTANCE}.json",
