@@ -2,7 +2,8 @@
 # Logic lives in the `sweflow` library; rules only wire files together. See README.md.
 
 
-configfile: "config/config.yaml"
+# the embedded default, found next to this Snakefile whatever the working directory (--directory)
+configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 include: "rules/common.smk"

@@ -9,8 +9,13 @@ min_version("9.0")
 validate(config, schema="../config/schema.yaml", set_default=True)
 
 DATASET = config["dataset"]["name"]
-SPLITS = list(config["dataset"]["splits"])
+SPLITS = config["dataset"]["select_splits"] or list(config["dataset"]["splits"])
 PROVIDER = config["sandbox"]["provider"]
+for _split in SPLITS:
+    if _split not in config["dataset"]["splits"]:
+        raise ValueError(
+            f"config dataset.select_splits: {_split!r} is not a configured split"
+        )
 
 
 wildcard_constraints:
