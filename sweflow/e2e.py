@@ -256,6 +256,16 @@ def find_row(jsonl_files: Sequence[str | os.PathLike], instance_id: str | None) 
     )
 
 
+def load_tokenizer(path: str | os.PathLike | None) -> Any:
+    """The tokenizer behind the scripted policy: the configured one, else the tiny local one (built here,
+    no download) whose chat template speaks the Qwen3-coder tool-call format."""
+    from transformers import AutoTokenizer
+
+    from .proxy.tiny import tiny_tokenizer_path
+
+    return AutoTokenizer.from_pretrained(str(path or tiny_tokenizer_path()))
+
+
 def e2e_stage(
     jsonl_files: Sequence[str | os.PathLike],
     out: str | os.PathLike,
