@@ -9,6 +9,8 @@ configfile: f"{workflow.basedir}/config/config.yaml"
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/sandbox.smk"
+include: "rules/validate.smk"
+include: "rules/e2e.smk"
 
 
 rule all:
@@ -17,6 +19,17 @@ rule all:
         jsonl=expand("results/{dataset}/{split}.jsonl", dataset=DATASET, split=SPLITS),
         template_map=f"results/{DATASET}/template-map.json",
         smoke=f"results/{DATASET}/smoke-{PROVIDER}.json",
+        validation=expand(
+            "results/{dataset}/{split}/validation-summary.json",
+            dataset=DATASET,
+            split=SPLITS,
+        ),
+        valid_tasks=expand(
+            "results/{dataset}/{split}/tasks.valid.jsonl",
+            dataset=DATASET,
+            split=SPLITS,
+        ),
+        e2e=f"results/{DATASET}/e2e/{E2E_INSTANCE}.json",
 
 
 rule data:

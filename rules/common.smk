@@ -93,6 +93,21 @@ def smoke_markers(wildcards):
     )
 
 
+def validation_results(wildcards):
+    """Per-task result files, one per row of the converted JSONL (known once validation_tasks has run)."""
+    from sweflow.validation import listed_ids
+
+    listing = checkpoints.validation_tasks.get(
+        dataset=wildcards.dataset, split=wildcards.split
+    ).output.listing
+    return expand(
+        "results/{dataset}/{split}/validation/{instance_id}.json",
+        dataset=wildcards.dataset,
+        split=wildcards.split,
+        instance_id=listed_ids(listing),
+    )
+
+
 def write_run_manifest():
     from sweflow.provenance import write_manifest
 

@@ -2,21 +2,6 @@
 # `validation.repeats` times, to catch flaky tests); broken tasks are reported and left out of training.
 
 
-def validation_results(wildcards):
-    """Per-task result files, one per row of the converted JSONL (known once validation_tasks has run)."""
-    from sweflow.validation import listed_ids
-
-    listing = checkpoints.validation_tasks.get(
-        dataset=wildcards.dataset, split=wildcards.split
-    ).output.listing
-    return expand(
-        "results/{dataset}/{split}/validation/{instance_id}.json",
-        dataset=wildcards.dataset,
-        split=wildcards.split,
-        instance_id=listed_ids(listing),
-    )
-
-
 # The gold patch comes from the split parquet (never from the JSONL); each task gets its own byte-stable
 # input file, so a changed row re-validates one task only.
 checkpoint validation_tasks:

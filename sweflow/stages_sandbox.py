@@ -41,22 +41,26 @@ def runtime_wheel(out: str | os.PathLike) -> dict[str, Any]:
 
 
 def provider_from_config(name: str, cfg: Mapping[str, Any], *, purpose: str = "run"):
-    """The provider named `name` configured from the `sandbox` config section.
+    """The provider named `name`, configured from the `sandbox` config section, for one purpose:
 
-    Docker builds use no network namespace of their own; sandboxes that must be reached from the host
-    (smoke, rollouts) use the configured network (host by default)."""
+    - "run": agent sandboxes the host must reach (the configured network, the blackbox server started);
+    - "build": template builds (Docker: no network namespace of their own);
+    - "eval": fresh evaluations (no network and no blackbox server: grading needs neither).
+    """
     from .sandbox.registry import get_provider
 
+    server = {} if purpose == "run" else {"start_server": False}
     if name == "local":
-        return get_provider("local", templates_root=cfg.get("local", {}).get("templates_root"))
+        return get_provider("local", templates_root=(cfg.get("local") or {}).get("templates_root"), **server)
     if name == "docker":
-        d = cfg.get("docker", {})
+        d = cfg.get("docker") or {}
         return get_provider(
             "docker",
-            network="none" if purpose == "build" else d.get("network", "host"),
+            network=d.get("network", "host") if purpose == "run" else "none",
             cpu=d.get("cpus"),
             memory_mb=d.get("mem_mb"),
             pids_limit=d.get("pids_limit", 1024),
+            **server,
         )
     return get_provider(name)
 

@@ -230,23 +230,9 @@ def validate_task(
 
 def provider_from_config(name: str, sandbox_cfg: Mapping[str, Any] | None = None) -> Provider:
     """The provider for fresh evaluations: no blackbox server and no network (grading needs neither)."""
-    from .sandbox.registry import get_provider
+    from .stages_sandbox import provider_from_config as configured
 
-    cfg = dict(sandbox_cfg or {})
-    if name == "local":
-        root = (cfg.get("local") or {}).get("templates_root")
-        return get_provider("local", templates_root=root, start_server=False)
-    if name == "docker":
-        d = cfg.get("docker") or {}
-        return get_provider(
-            "docker",
-            network="none",
-            start_server=False,
-            cpu=d.get("cpus"),
-            memory_mb=d.get("mem_mb"),
-            pids_limit=d.get("pids_limit", 1024),
-        )
-    return get_provider(name)
+    return configured(name, dict(sandbox_cfg or {}), purpose="eval")
 
 
 def validate_task_file(
