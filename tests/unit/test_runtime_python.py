@@ -34,4 +34,6 @@ def test_runtime_module_imports_only_the_standard_library(path):
             top = name.split(".")[0]
             assert top in sys.stdlib_module_names or top == "sweflow", f"{path.name} imports {name}"
             if top == "sweflow":
-                assert name.startswith(("sweflow.blackbox", "sweflow.anthropic_stub")) or name == "sweflow", name
+                assert name.startswith(("sweflow.blackbox", "sweflow.anthropic_stub")) or name == "sweflow", (
+                    name
+                )
