@@ -40,6 +40,7 @@ def config(work, url, provider, **sandbox):
         },
         "harness": {"package": "swebench", "extra_repos": "sample"},
         "sandbox": {"provider": provider, "build_attempts": 1, **sandbox},
+        "e2e": {"instance": "sweflow__calclib-4"},
     }
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
 
@@ -50,7 +51,7 @@ def test_local_provider_builds_and_smokes_every_template(tmp_path, hub):
     work = tmp_path / "w"
     work.mkdir()
     config(work, url, "local", local={"templates_root": str(tmp_path / "templates")})
-    snakemake(work)
+    snakemake(work)  # the whole default target: templates, smoke, validation, end-to-end check
     summary = json.loads((work / "results/sample/smoke-local.json").read_text())
     assert summary == {"templates": 2, "ok": 2, "failed": []}
     for marker in (work / "results/sample/smoke/local").glob("*.json"):
@@ -58,6 +59,11 @@ def test_local_provider_builds_and_smokes_every_template(tmp_path, hub):
         assert data["ok"] and data["version"] and data["host_reachable"] is True
     mapping = json.loads((work / "results/sample/template-map.json").read_text())
     assert len(mapping) == 2 and all(v != k for k, v in mapping.items())
+    validation = json.loads((work / "results/sample/validation/validation-summary.json").read_text())
+    assert validation["valid"] == validation["tasks"] == 2 and validation["broken"] == [], validation
+    e2e = json.loads((work / "results/sample/e2e/sweflow__calclib-4.json").read_text())
+    assert e2e["ok"] and e2e["policies"]["gold"]["reward"] == 1.0
+    assert e2e["policies"]["test_edit"]["reward"] == 0.0
     # templates already built are not rebuilt
     again = snakemake(work)
     assert jobs_run(again) == []
@@ -79,7 +85,7 @@ def test_docker_provider_one_failing_image_does_not_stop_the_run(tmp_path, hub):
     work = tmp_path / "w"
     work.mkdir()
     config(work, url, "docker")
-    snakemake(work)
+    snakemake(work, "results/sample/smoke-docker.json", "results/sample/validation.jsonl")
 
     failures = json.loads((work / "results/sample/template-failures.json").read_text())
     assert list(failures) == ["sweflow-sample/sweb.eval.x86_64.acme_s_widgets-1:latest"]
