@@ -74,8 +74,26 @@ def _node(rel: str, base: Path, seen: set[str], stack: tuple[str, ...]) -> dict[
                 child["consumed_sha256"] = inp["sha256"]
         else:
             child = {"path": inp["path"], "record": None, "sha256": inp.get("sha256"), "inputs": []}
+            folder = _recorded_folder(inp["path"], base)
+            if folder:  # a file inside a recorded directory output (e.g. a checkpoint's per-item files)
+                child["member_of"] = folder
+                child["inputs"] = [_node(folder, base, seen, (*stack, rel))]
         node["inputs"].append(child)
     return node
+
+
+def _recorded_folder(rel: str, base: Path) -> str | None:
+    """The nearest enclosing folder of `rel` that has its own provenance record, if any."""
+    parent = Path(rel).parent
+    while parent != Path(".") and parent != parent.parent:
+        try:
+            rp = record_path(base / parent, base)
+        except ProvenanceError:
+            return None
+        if rp.is_file():
+            return parent.as_posix()
+        parent = parent.parent
+    return None
 
 
 def params_summary(params: dict[str, Any], width: int = 100) -> str:
@@ -110,7 +128,8 @@ def format_lineage(tree: dict[str, Any]) -> str:
 def _label(node: dict[str, Any]) -> str:
     if node.get("record") is None:
         sha = node.get("sha256")
-        return f"{node['path']}  (no record)" + (f"  {sha[:12]}" if sha else "")
+        where = f"(in {node['member_of']})" if node.get("member_of") else "(no record)"
+        return f"{node['path']}  {where}" + (f"  {sha[:12]}" if sha else "")
     text = f"{node['path']}  [{node.get('rule')}]  {(node.get('sha256') or '')[:12]}"
     if node.get("consumed_sha256"):
         text += f" (consumed {node['consumed_sha256'][:12]})"
