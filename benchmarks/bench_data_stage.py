@@ -52,7 +52,6 @@ def run(workdir: Path, cores: int, *extra: str) -> tuple[float, int]:
         "none",
         "--cores",
         str(cores),
-        "--quiet",
         "data",
         *extra,
     ]
@@ -61,10 +60,7 @@ def run(workdir: Path, cores: int, *extra: str) -> tuple[float, int]:
     dt = time.perf_counter() - t
     if res.returncode != 0:
         sys.exit(f"snakemake failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
-    jobs = 0
-    m = re.search(r"^total\s+(\d+)", res.stdout + res.stderr, re.M)
-    if m:
-        jobs = int(m.group(1))
+    jobs = len(re.findall(r"^Finished jobid: \d+", res.stdout + res.stderr, re.M))
     return dt, jobs
 
 
@@ -85,6 +81,7 @@ def main() -> None:
             "revision": "0" * 40,
             "hub": {"endpoint": None, "offline_dir": str(data)},
             "splits": {"train": {"file": "train.parquet", "rows": None}},
+            "select_splits": ["train"],
         },
         "images": {"prefix": "sweflow-bench/sweb.eval.x86_64."},
         "harness": {"package": "swebench", "extra_repos": "sample"},

@@ -38,7 +38,7 @@ def offline_files(wildcards):
     names = (
         [splits[wildcards.split]["file"]]
         if hasattr(wildcards, "split")
-        else [s["file"] for s in splits.values()]
+        else [splits[name]["file"] for name in SPLITS]
     )
     return [f"{folder}/{name}" for name in names]
 
