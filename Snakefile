@@ -29,7 +29,7 @@ rule all:
             dataset=DATASET,
             split=SPLITS,
         ),
-        e2e=f"results/{DATASET}/e2e/{E2E_INSTANCE}.json",
+        e2e=E2E_TARGETS,
 
 
 rule data:

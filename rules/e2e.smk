@@ -2,7 +2,9 @@
 # front of a scripted policy, the fresh-sandbox evaluation and the reward (a gold policy must score 1.0,
 # a policy that edits a test file 0.0 with the integrity reason).
 
-E2E_INSTANCE = config.get("e2e", {}).get("instance") or "sweflow__calclib-1"
+# The scripted policies know the fixes of the embedded sample only; set e2e.instance to null to skip.
+E2E_INSTANCE = config["e2e"]["instance"]
+E2E_TARGETS = [f"results/{DATASET}/e2e/{E2E_INSTANCE}.json"] if E2E_INSTANCE else []
 
 
 rule e2e_check:
@@ -19,11 +21,11 @@ rule e2e_check:
     params:
         provider=PROVIDER,
         sandbox=config["sandbox"],
-        tokenizer=config.get("e2e", {}).get("tokenizer"),
+        tokenizer=config["e2e"]["tokenizer"],
     script:
         "../scripts/e2e_check.py"
 
 
 rule e2e:
     input:
-        report=f"results/{DATASET}/e2e/{E2E_INSTANCE}.json",
+        reports=E2E_TARGETS,

@@ -29,13 +29,39 @@ def default_source_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+# What runs inside a sandbox: the blackbox server and nothing else of sweflow (standard library only), so
+# editing the rest of the library does not change the runtime wheel and does not rebuild every template.
+RUNTIME_PACKAGES = ("sweflow", "sweflow.blackbox")
+
+
+def runtime_files(root: Path) -> list[Path]:
+    """The source files that go into the runtime wheel, in a stable order."""
+    files = [root / "sweflow" / "__init__.py"]
+    files += sorted((root / "sweflow" / "blackbox").glob("*.py"))
+    return files
+
+
 def source_hash(root: Path) -> str:
-    """Hash of what goes into the wheel: pyproject.toml and every file under sweflow/ (no caches)."""
-    parts = [f"pyproject.toml\0{sha256_file(root / 'pyproject.toml')}"]
-    for f in sorted((root / "sweflow").rglob("*")):
-        if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo"):
-            parts.append(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}")
+    """Hash of what goes into the runtime wheel (the runtime modules and the wheel recipe)."""
+    parts = [f"recipe\0{sha256_bytes(_runtime_pyproject(root))}"]
+    for f in runtime_files(root):
+        parts.append(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}")
     return sha256_bytes("\n".join(parts))
+
+
+def _runtime_pyproject(root: Path) -> str:
+    """A minimal project for the runtime wheel: the `sweflow` distribution with the runtime packages only."""
+    version = "0.0.0"
+    for line in (root / "sweflow" / "__init__.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            version = line.split("=", 1)[1].strip().strip("\"'")
+    packages = ", ".join(f'"{p}"' for p in RUNTIME_PACKAGES)
+    return (
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "sweflow"\nversion = "{version}"\nrequires-python = ">=3.8"\n'
+        'description = "sweflow in-sandbox runtime (blackbox server)"\n\n'
+        f"[tool.setuptools]\npackages = [{packages}]\n"
+    )
 
 
 def _load(out_dir: Path) -> dict[str, Any]:
@@ -96,7 +122,8 @@ def fetch_claude(
 def build_wheel(
     out_dir: Path, *, source_root: Path | None = None, cached: dict[str, Any] | None = None
 ) -> dict:
-    """Build the sweflow wheel (pip wheel --no-deps) unless the sources are unchanged since the last build."""
+    """Build the runtime wheel (sweflow + sweflow.blackbox, pip wheel --no-deps) unless its sources are
+    unchanged since the last build."""
     root = source_root or default_source_root()
     src_hash = source_hash(root)
     if cached and cached.get("source_sha256") == src_hash:
@@ -105,27 +132,14 @@ def build_wheel(
             return cached
     env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH, PIP_DISABLE_PIP_VERSION_CHECK="1")
     with tempfile.TemporaryDirectory(prefix="sweflow-wheel-", dir=out_dir) as tmp:
-        # Build from a copy so a dirty build/ or egg-info in the work tree cannot leak stale files in.
+        # Build from a minimal tree of the runtime files only: stale build/ or egg-info in the work tree
+        # cannot leak in, and nothing but the runtime decides the wheel's bytes.
         src = Path(tmp) / "src"
-        shutil.copytree(
-            root,
-            src,
-            ignore=shutil.ignore_patterns(
-                ".git",
-                ".venv",
-                "*.egg-info",
-                "build",
-                "dist",
-                "__pycache__",
-                ".snakemake",
-                "resources",
-                "results",
-                "tests",
-                ".cache",
-                "models",
-                "logs",
-            ),
-        )
+        for f in runtime_files(root):
+            dest = src / f.relative_to(root)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dest)
+        (src / "pyproject.toml").write_text(_runtime_pyproject(root))
         cmd = [
             os.environ.get("SWEFLOW_PYTHON", _python()),
             "-m",

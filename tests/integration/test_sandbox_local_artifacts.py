@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,12 @@ def test_wheel_is_reproducible_and_cached(tmp_path):
     assert build_wheel(a, source_root=src, cached=wa) == wa
     assert (a / wa["path"]).stat().st_mtime_ns == mtime, "unchanged sources: not rebuilt"
     (src / "sweflow" / "extra_module.py").write_text("X = 1\n")
+    assert build_wheel(a, source_root=src, cached=wa) == wa, "outside the runtime: not rebuilt"
+    (src / "sweflow" / "blackbox" / "extra_module.py").write_text("X = 1\n")
     wc = build_wheel(a, source_root=src, cached=wa)
     assert wc["source_sha256"] != wa["source_sha256"] and wc["sha256"] != wa["sha256"]
     assert sorted(p.name for p in Path(a).glob("*.whl")) == [wc["path"]]
+    with zipfile.ZipFile(a / wc["path"]) as zf:
+        names = zf.namelist()
+    assert "sweflow/blackbox/server.py" in names and "sweflow/blackbox/extra_module.py" in names
+    assert not any(n.startswith(("sweflow/proxy/", "sweflow/sample/")) or n == "sweflow/stages.py" for n in names)
