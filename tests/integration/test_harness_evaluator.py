@@ -92,7 +92,8 @@ def _conda_shim(tmp: Path) -> Path:
 
 
 def _run_in_sandbox(tmp: Path, repo: Path, command: str) -> subprocess.CompletedProcess:
-    binds = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    # the private /tmp comes first: a checkout (and its venv) under /tmp is bound on top of it, not hidden
+    binds = ["--tmpfs", "/tmp", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for link in ("bin", "lib", "lib64", "sbin"):
         p = Path("/") / link
         if p.is_symlink():
@@ -107,7 +108,6 @@ def _run_in_sandbox(tmp: Path, repo: Path, command: str) -> subprocess.Completed
         *binds,
         "--proc", "/proc",
         "--dev", "/dev",
-        "--tmpfs", "/tmp",
         "--bind", str(repo), "/testbed",
         "--ro-bind", str(_conda_shim(tmp)), "/opt/miniconda3",
         "--unshare-net", "--unshare-pid", "--die-with-parent",
