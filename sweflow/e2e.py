@@ -78,8 +78,8 @@ def gold_edits(instance_id: str) -> list[tuple[str, str, str]]:
 def gold_turns(edits: Sequence[tuple[str, str, str]], workdir: str) -> list[str]:
     """Read every file, then edit it (Claude Code's Edit needs a prior Read).
 
-    The Edit call spells `replace_all: false` first because Claude Code re-sends every Edit in the history
-    that way: written like this, each prompt extends the previous one and the turns fold into one sample.
+    Written as a model would (no `replace_all`): Claude Code re-sends the Edit with `replace_all: false`
+    added, and the proxy restores the session's own calls, so the turns still fold into one sample.
     """
     paths = sorted({p for p, _, _ in edits})
     turns = [
@@ -89,7 +89,7 @@ def gold_turns(edits: Sequence[tuple[str, str, str]], workdir: str) -> list[str]
     turns += [
         format_qwen_xml(
             "Edit",
-            {"replace_all": False, "file_path": f"{workdir}/{p}", "old_string": old, "new_string": new},
+            {"file_path": f"{workdir}/{p}", "old_string": old, "new_string": new},
         )
         for p, old, new in edits
     ]

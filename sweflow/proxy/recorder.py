@@ -141,6 +141,38 @@ class SessionRecord:
         self._turns: list[Turn] = []
         self._next_index = 0
         self._lock = threading.Lock()
+        self._tool_inputs: dict[str, dict] = {}
+
+    def remember_tool_inputs(self, blocks: list[dict]) -> None:
+        """Keep each tool_use input exactly as the model produced it (keys in the model's order)."""
+        with self._lock:
+            for block in blocks:
+                if block.get("type") == "tool_use":
+                    self._tool_inputs[block["id"]] = block["input"]
+
+    def restore_tool_inputs(self, messages: list[dict]) -> list[dict]:
+        """The history with this session's own tool calls restored to what the model wrote.
+
+        Agents re-serialise earlier tool calls (Claude Code adds `replace_all: false` to Edit, first), so
+        the rendered history would no longer extend the previous prompt + output token for token and every
+        turn would start a new training sample. Calls the session did not produce are left as sent."""
+        with self._lock:
+            known = dict(self._tool_inputs)
+        if not known:
+            return messages
+        out = []
+        for msg in messages:
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if msg.get("role") == "assistant" and isinstance(content, list):
+                content = [
+                    {**b, "input": known[b["id"]]}
+                    if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("id") in known
+                    else b
+                    for b in content
+                ]
+                msg = {**msg, "content": content}
+            out.append(msg)
+        return out
 
     def next_index(self) -> int:
         with self._lock:

@@ -192,18 +192,20 @@ class ProxyServer:
             self._gate.notify_all()
 
     # ------------------------------------------------------------------ messages
-    def render(self, req: an.MessagesRequest) -> list[int]:
-        """Request -> prompt token ids through the tokenizer's chat template."""
+    def render(self, req: an.MessagesRequest, session: SessionRecord | None = None) -> list[int]:
+        """Request -> prompt token ids through the tokenizer's chat template (with the session's own tool
+        calls restored to what the model wrote)."""
         tools = an.to_chat_tools(req.tools) or None
         kwargs = self.config.chat_template_kwargs
-        chat = an.to_chat_messages(req.system, req.messages, midlist_system=self.config.midlist_system)
+        messages = session.restore_tool_inputs(req.messages) if session is not None else req.messages
+        chat = an.to_chat_messages(req.system, messages, midlist_system=self.config.midlist_system)
         try:
             text = self.tokenizer.apply_chat_template(
                 chat, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
             )
         except Exception as exc:  # jinja raise_exception and friends: the conversation is not renderable
             # Some templates (Qwen3.5) refuse a system message after the first; Claude Code sends them.
-            chat = an.to_chat_messages(req.system, req.messages, midlist_system="user")
+            chat = an.to_chat_messages(req.system, messages, midlist_system="user")
             try:
                 text = self.tokenizer.apply_chat_template(
                     chat, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
@@ -273,7 +275,7 @@ class ProxyServer:
         received = time.time()
         rec = self.session(session_id, for_messages=True)
         req = an.parse_request(body)
-        prompt_ids = self.render(req)
+        prompt_ids = self.render(req, rec)
         sampling = self._sampling(req, len(prompt_ids))
         rendered = time.time()
         index = rec.next_index()
@@ -281,6 +283,7 @@ class ProxyServer:
         generated = time.time()
         parsed = parse_tool_calls(self.decode(result.output_ids), req.tools)
         blocks = an.content_blocks(parsed.text, parsed.tool_calls) or [{"type": "text", "text": ""}]
+        rec.remember_tool_inputs(blocks)
         stop_reason = an.stop_reason_for(result.finish_reason, bool(parsed.tool_calls))
         message = an.build_message(
             model=req.model,

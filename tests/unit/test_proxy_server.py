@@ -487,3 +487,43 @@ def test_template_refusing_midlist_system_falls_back_to_user(tok):
         strict.chat_template = "{{ raise_exception('nope') }}"
         resp = post(client, "s1", bad)
         assert resp.status_code == 400 and "chat template rejected" in resp.json()["error"]["message"]
+
+
+def test_client_reserialised_tool_calls_still_fold_into_one_sample(tok):
+    """Claude Code re-sends earlier calls with extra keys first (Edit gains `replace_all: false`); the
+    session's own calls are restored to what the model wrote, so the history still extends the last prompt."""
+    turn1 = format_qwen_xml("Read", {"file_path": "/testbed/a.py"})
+    turn2 = "Done."
+    engine = ScriptedEngine([turn1, turn2], tok)
+    with running(engine, tok) as (_, client):
+        first = post(client, "s1", body([{"role": "user", "content": "fix"}])).json()
+        call = first["content"][0]
+        assert call["type"] == "tool_use" and call["input"] == {"file_path": "/testbed/a.py"}
+        rewritten = {**call, "input": {"limit": 2000, **call["input"]}}  # what the agent sends back
+        history = [
+            {"role": "user", "content": "fix"},
+            {"role": "assistant", "content": [rewritten]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call["id"], "content": "x = 1"}],
+            },
+        ]
+        post(client, "s1", body(history))
+        # a call the session never produced is rendered as sent
+        foreign = [
+            *history[:1],
+            {"role": "assistant", "content": [{**rewritten, "id": "toolu_foreign"}]},
+            history[2],
+        ]
+        foreign[2] = {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_foreign", "content": "x"}],
+        }
+        traj = read(client, "s1")
+    [sample] = traj["samples"]
+    assert sample["num_turns"] == 2
+    assert "<parameter=limit>" not in tok.decode(sample["token_ids"])
+    with running(ScriptedEngine([turn2], tok), tok, sessions=("s2",)) as (_, client):
+        post(client, "s2", body(foreign))
+        prompt = read(client, "s2")["turns"][0]["prompt_ids"]
+    assert "<parameter=limit>" in tok.decode(prompt)
