@@ -215,22 +215,6 @@ def template_map(
     return mapping, failures
 
 
-def identity_template_record(
-    image_file: str | os.PathLike, out: str | os.PathLike, *, provider: str
-) -> dict[str, Any]:
-    """For providers whose template is the task image itself: the per-image record, byte-stable."""
-    rec = read_json(image_file)
-    data = {
-        "image": rec["image"],
-        "provider": provider,
-        "template": rec["image"],
-        "ok": True,
-        "build": "identity",
-    }
-    atomic_write_json(out, data)
-    return data
-
-
 def harness_from_config(package: str, extra_repos: Any, extra_parsers: Mapping[str, str] | None = None):
     """Load the harness package and merge the configured extra repo specs into its tables."""
     from .harness import load_harness

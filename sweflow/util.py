@@ -8,10 +8,11 @@ import json
 import logging
 import os
 import random
+import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,23 +68,6 @@ def write_if_changed(path: str | os.PathLike, data: bytes | str) -> bool:
         return False
     atomic_write(path, payload)
     return True
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
-    """Context manager yielding a file handle on a temp file that is renamed onto `path` on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
-            yield fh
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def sha256_bytes(data: bytes | str) -> str:
@@ -183,29 +167,42 @@ def retry(
     raise last
 
 
+REDACTED = "***REDACTED***"
 SECRET_ENV_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# Token formats worth catching even when the secret is not in this process's environment.
+TOKEN_PATTERNS = re.compile(
+    r"(hf_[A-Za-z0-9]{20,}|sk-ant-[A-Za-z0-9_\-]{20,}|sk-[A-Za-z0-9]{32,}|e2b_[A-Za-z0-9]{20,}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,})"
+)
+# Names that contain a marker (KEY, TOKEN, AUTH...) but name ordinary values in this project.
+_BENIGN_KEY_WORDS = {"tokens", "tokenizer", "tokenizers", "author", "authors", "keys", "keyword", "keywords"}
+_BENIGN_KEYS = re.compile(r"(^|_)(image|instance|sort|cache|dedup|group|partition|primary|join)_?key$", re.I)
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a variable or parameter name looks like it holds a secret (api_key, HF_TOKEN, password...);
+    max_tokens, tokenizer, image_key and the like do not."""
+    if _BENIGN_KEYS.search(str(name)):
+        return False
+    words = [w for w in re.split(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])", str(name)) if w]
+    return any(
+        m in w.upper() and w.lower() not in _BENIGN_KEY_WORDS for w in words for m in SECRET_ENV_MARKERS
+    )
 
 
 def secret_values(env: dict[str, str] | None = None) -> list[str]:
     """Values of environment variables that look like secrets (long enough to be worth redacting)."""
     env = dict(os.environ) if env is None else env
-    out = []
-    for k, v in env.items():
-        if any(m in k.upper() for m in SECRET_ENV_MARKERS) and v and len(v) >= 8:
-            out.append(v)
-    return sorted(set(out), key=len, reverse=True)
+    out = {v for k, v in env.items() if v and len(v) >= 8 and is_secret_key(k)}
+    return sorted(out, key=len, reverse=True)
 
 
 def redact(text: str, secrets: Iterable[str] | None = None) -> str:
-    """Replace every secret value in text with a placeholder."""
+    """Replace every secret value (from the environment unless given) and every token-shaped string."""
     for s in secret_values() if secrets is None else secrets:
         if s:
-            text = text.replace(s, "***REDACTED***")
-    return text
-
-
-def is_secret_key(name: str) -> bool:
-    return any(m in name.upper() for m in SECRET_ENV_MARKERS)
+            text = text.replace(s, REDACTED)
+    return TOKEN_PATTERNS.sub(REDACTED, text)
 
 
 class _RedactingFilter(logging.Filter):

@@ -3,33 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sweflow.util import redact, secret_values
-
-REDACTED = "***REDACTED***"
-
-# Token formats worth catching even when the secret is not in this process's environment.
-_TOKEN_PATTERNS = re.compile(
-    r"(hf_[A-Za-z0-9]{20,}|sk-ant-[A-Za-z0-9_\-]{20,}|sk-[A-Za-z0-9]{32,}|e2b_[A-Za-z0-9]{20,}"
-    r"|gh[pousr]_[A-Za-z0-9]{30,})"
-)
-# Parameter names that contain a secret marker (KEY, TOKEN, AUTH...) but name ordinary values in this project.
-_BENIGN_KEY_WORDS = {"tokens", "tokenizer", "tokenizers", "author", "authors", "keys", "keyword", "keywords"}
-_BENIGN_KEYS = re.compile(r"(^|_)(image|instance|sort|cache|dedup|group|partition|primary|join)_?key$", re.I)
-
-
-def _key_is_secret(name: str) -> bool:
-    words = [w for w in re.split(r"[^A-Za-z0-9]+|(?<=[a-z])(?=[A-Z])", str(name)) if w]
-    if _BENIGN_KEYS.search(str(name)):
-        return False
-    return any(
-        m in w.upper() and w.lower() not in _BENIGN_KEY_WORDS
-        for w in words
-        for m in ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-    )
+from sweflow.util import REDACTED, is_secret_key, redact, secret_values
 
 
 def jsonable(value: Any) -> Any:
@@ -64,14 +41,14 @@ def redact_value(value: Any, secrets: Iterable[str] | None = None, *, by_key: bo
 
 def _redact(value: Any, secrets: list[str], by_key: bool) -> Any:
     if isinstance(value, str):
-        return _TOKEN_PATTERNS.sub(REDACTED, redact(value, secrets))
+        return redact(value, secrets)
     if isinstance(value, list):
         return [_redact(v, secrets, by_key) for v in value]
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             key = _redact(k, secrets, False)
-            if by_key and _key_is_secret(k) and _has_strings(v):
+            if by_key and is_secret_key(k) and _has_strings(v):
                 out[key] = REDACTED
             else:
                 out[key] = _redact(v, secrets, by_key)
