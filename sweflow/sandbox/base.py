@@ -12,6 +12,8 @@ from ..errors import SandboxError
 
 OUTPUT_TAIL_CHARS = 64_000
 BLACKBOX_PORT = 31000
+# run_logged keeps at most this much of an evaluation log (a log past it is cut, with a note at the end).
+LOGGED_MAX_BYTES = 64 << 20
 
 
 def tail(text: str, limit: int = OUTPUT_TAIL_CHARS) -> str:
@@ -47,8 +49,16 @@ class BackgroundCommand(Protocol):
 
 @runtime_checkable
 class Sandbox(Protocol):
+    """One sandbox. ``blackbox_token``: the per-sandbox secret its blackbox server demands on every endpoint
+    but /health (send ``Authorization: Bearer <token>``). ``egress_url``: where the ONE host endpoint this
+    sandbox may reach (the ``egress`` given to ``Provider.create``, i.e. the proxy) appears inside it, or
+    None when no egress was asked for (or the provider reaches the proxy by its public URL, as E2B does).
+    """
+
     id: str
     template: str
+    blackbox_token: str
+    egress_url: str | None
 
     def run(
         self,
@@ -67,6 +77,27 @@ class Sandbox(Protocol):
     def write_file(self, path: str, data: bytes | str, *, timeout: float = 60) -> None: ...
 
     def read_file(self, path: str, *, timeout: float = 60) -> bytes: ...
+
+    def run_logged(
+        self,
+        cmd: str,
+        log_path: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        max_bytes: int = LOGGED_MAX_BYTES,
+    ) -> CommandResult:
+        """Run `cmd` (bash) with its stdout+stderr streamed to the HOST file `log_path`; the trusted channel.
+
+        Grading depends on this: the output travels through a pipe that the provider reads, never through a
+        file inside the sandbox (which the tested code could rewrite), and ``exit_code`` is the provider's
+        own record of the process it started (124 with timed_out=True past `timeout`). When it returns, no
+        process that `cmd` started is still alive in the sandbox (the provider killed any leftovers, so
+        nothing can keep writing). Output past `max_bytes` is dropped (the file ends with a truncation note).
+        The returned stdout/stderr are empty: read `log_path`. The sandbox may be unusable afterwards
+        (only `kill` is guaranteed to work).
+        """
 
     def port_url(self, port: int) -> str:
         """The base URL (scheme://host:port) at which the caller reaches `port` inside the sandbox."""
@@ -106,8 +137,14 @@ class Provider(Protocol):
         timeout: float,
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
+        egress: str | None = None,
     ) -> Sandbox:
-        """Start a sandbox from a built template; `timeout` bounds the sandbox's lifetime in seconds."""
+        """Start a sandbox from a built template; `timeout` bounds the sandbox's lifetime in seconds.
+
+        ``egress`` ("host:port" on the caller's machine, normally the token-recording proxy) is the only
+        endpoint outside the sandbox that its processes may reach; ``sandbox.egress_url`` says where it
+        appears inside. Without it the sandbox reaches nothing outside itself.
+        """
 
 
 class SandboxBase:
