@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_validate.py --provider local --workers 1,2
 
 One job = one task (like one Snakemake validate_task job). Prints tasks per minute, and the per-task
-overhead beyond the test run itself: sandbox create + reset/apply + kill + polling slack, i.e. the sum of
+overhead beyond the test run itself: sandbox create + reset/apply + kill, i.e. the sum of
 each evaluation's total time minus the time its evaluator command ran.
 """
 
@@ -34,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--provider", choices=["docker", "local"], default="docker")
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--poll-interval", type=float, default=1.0)
     args = ap.parse_args(argv)
     ids = instance_ids(None)
     with tempfile.TemporaryDirectory(prefix="sweflow-bench-validate-") as tmp:
@@ -54,7 +53,6 @@ def main(argv: list[str] | None = None) -> int:
                     env.meta(inst),
                     inst["patch"],
                     repeats=args.repeats,
-                    poll_interval=args.poll_interval,
                 )
 
             t0 = time.monotonic()

@@ -37,7 +37,6 @@ rule validate_task:
         provider=PROVIDER,
         sandbox=config["sandbox"],
         validation=config["validation"],
-        poll_interval=1.0,
     script:
         "../scripts/validate_task.py"
 

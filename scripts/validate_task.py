@@ -12,5 +12,4 @@ with from_snakemake(smk, f"{smk.scriptdir}/validate_task.py"):
         provider=provider_from_config(p.provider, p.sandbox),
         repeats=p.validation["repeats"],
         parallel=smk.threads,
-        poll_interval=p.poll_interval,
     )

@@ -58,8 +58,10 @@ def convert_instance(
     template: str,
     evaluator_cmd: str,
     opts: ConvertOptions,
+    parser: str | None = None,
 ) -> dict[str, Any]:
-    """Build the training row for one validated instance. `evaluator_cmd` comes from the harness layer."""
+    """Build the training row for one validated instance. `evaluator_cmd` comes from the harness layer;
+    `parser` names the harness log parser of the row's repo (the host grades logs with it)."""
     image = opts.naming.image_for(inst["instance_id"], inst["repo"])
     backend = {"working_directory": opts.workdir, **opts.backend_options}
     metadata = {
@@ -74,7 +76,7 @@ def convert_instance(
         "split": opts.split,
         "reward_function": opts.reward_function,
         "reward_marker": opts.reward_marker,
-        "harness": opts.harness_info,
+        "harness": {**opts.harness_info, "parser": parser},
         "FAIL_TO_PASS": list(inst["FAIL_TO_PASS"]),
         "PASS_TO_PASS": list(inst["PASS_TO_PASS"]),
         "sandbox_provider": opts.provider,
@@ -149,9 +151,18 @@ def convert_split(
             evaluator = harness.evaluator_command(
                 inst, timeout_sec=opts.eval_timeout_sec, marker=opts.reward_marker
             )
+            parser = harness.parser_for(inst["repo"])
         except HarnessError as exc:
             raise HarnessError(exc.problem, file=source_file, row=i, field=exc.field or "repo") from None
-        rows.append(convert_instance(inst, template=template_map[image], evaluator_cmd=evaluator, opts=opts))
+        rows.append(
+            convert_instance(
+                inst,
+                template=template_map[image],
+                evaluator_cmd=evaluator,
+                opts=opts,
+                parser=getattr(parser, "__name__", None),
+            )
+        )
     return ConvertResult(rows=rows, skipped=skipped)
 
 

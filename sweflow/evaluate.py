@@ -7,33 +7,46 @@ Typical use (the rollout dispatcher)::
         reward = 0.0
     else:
         res = evaluate_patch(provider, meta["sandbox_image"], meta, got.patch)
-        reward = res.reward                      # 1.0 only when the harness marker says resolved
+        reward = res.reward                      # 1.0 only when the host-side grade says resolved
 
-The agent's sandbox is never trusted for grading: the patch is applied to a NEW sandbox from the same
-template, reset to the base commit, and the row's after-agent evaluator command runs there in the
-background while we poll it (no request is held open for the whole test run).
+No sandbox is trusted for grading. The patch is first checked against the integrity rules (tests, test
+infrastructure, files the eval script relies on, code reaching for the test run), then applied to a NEW
+sandbox from the same template, reset to the base commit. There the official eval script of the row runs
+with its output piped to the host by the provider (``Sandbox.run_logged``); the exit status is the
+provider's record of the test command, and the log is parsed and graded HERE with the harness package's
+own parser (``sweflow.harness.grader``). Nothing the tested code prints is read as a verdict: a forged
+PASSED line meets the cross-checks (exit status vs statuses, contradictory and duplicated status lines).
+The row's in-sandbox evaluator command (with its reward marker) stays in the training JSONL for other
+trainers; it trusts the sandbox.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import EvalError, SandboxError
-from .harness.driver import DEFAULT_REWARD_MARKER
-from .integrity import is_test_path
-from .reward import parse_marker, reward_from_payload
+from .harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
+from .integrity_patch import (
+    PROHIBITED_TEST_INFRASTRUCTURE,
+    PROHIBITED_TEST_MODIFICATION,
+    SUSPICIOUS_TEST_TAMPERING,
+    check_patch_integrity,
+    patch_paths,
+)
 from .sandbox.base import Provider, Sandbox
 from .util import retry
 
 log = logging.getLogger("sweflow.evaluate")
 
 EMPTY_GENERATION = "empty_generation"
-PROHIBITED_TEST_MODIFICATION = "prohibited_test_modification"
 PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
 FAILED_APPLY_PATCH = "failed_apply_patch"
 FRESH_EVAL_EXCEPTION = "fresh_eval_exception"
@@ -44,7 +57,20 @@ OUTPUT_TAIL_CHARS = 4000
 SETUP_TIMEOUT = 300.0
 # Time allowed beyond the evaluator's own timeout before the fresh evaluation is abandoned.
 DEADLINE_GRACE = 120.0
-MAX_POLL_ERRORS = 3
+# The eval script's own `timeout` when the row's evaluator step does not say (the recipe's 1200 s).
+EVAL_TIMEOUT = 1200
+__all__ = [
+    "EMPTY_GENERATION",
+    "PROHIBITED_TEST_INFRASTRUCTURE",
+    "PROHIBITED_TEST_MODIFICATION",
+    "SUSPICIOUS_TEST_TAMPERING",
+    "EvalResult",
+    "PatchResult",
+    "check_patch",
+    "evaluate_patch",
+    "extract_patch",
+    "patch_paths",
+]
 
 
 # ----- patch extraction ---------------------------------------------------------------------------------
@@ -74,45 +100,18 @@ def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def patch_paths(patch: str) -> list[str]:
-    """Every path a git diff touches (both sides of renames/copies), from its ``diff --git`` headers.
-
-    Handles git's C-quoted paths; ``/dev/null`` sides are skipped.
-    """
-    out: set[str] = set()
-    for line in patch.splitlines():
-        if line.startswith(("--- ", "+++ ")):
-            p = _unquote(line[4:].split("\t", 1)[0])
-            if p != "/dev/null":
-                out.add(p[2:] if p[:2] in ("a/", "b/") else p)
-        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
-            out.add(_unquote(line.split(" ", 2)[2]))
-        elif line.startswith("diff --git "):
-            rest = line[len("diff --git ") :]
-            if rest.startswith('"'):
-                continue  # quoted names also appear unambiguously in ---/+++ or rename lines
-            # Unquoted "a/X b/X": for pure mode changes / binary files this is the only header.
-            half = (len(rest) - 1) // 2
-            left, right = rest[:half], rest[half + 1 :]
-            if left[2:] == right[2:] and left[:2] == "a/" and right[:2] == "b/":
-                out.add(left[2:])
-    return sorted(out)
-
-
-def _unquote(p: str) -> str:
-    p = p.strip()
-    if len(p) >= 2 and p[0] == p[-1] == '"':
-        raw = p[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
-        return raw.encode("latin-1", "replace").decode("utf-8", "replace")
-    return p
-
-
-def check_patch(patch: str) -> tuple[str | None, list[str]]:
-    """(failure_reason, test_files) of a patch: empty_generation, prohibited_test_modification or None."""
+def check_patch(
+    patch: str, metadata: Mapping[str, Any] | None = None, *, eval_script: str | None = None
+) -> tuple[str | None, list[str]]:
+    """(failure_reason, offending paths) of a patch: empty_generation, one of the integrity reasons of
+    ``sweflow.integrity_patch`` (prohibited_test_modification first), or (None, [])."""
     if not patch.strip():
         return EMPTY_GENERATION, []
-    tests = [p for p in patch_paths(patch) if is_test_path(p)]
-    return (PROHIBITED_TEST_MODIFICATION, tests) if tests else (None, [])
+    found = check_patch_integrity(patch, metadata=metadata, eval_script=eval_script)
+    if not found:
+        return None, []
+    reason = found[0].reason
+    return reason, sorted({v.path for v in found if v.reason == reason})
 
 
 def extract_patch(
@@ -153,12 +152,13 @@ def extract_patch(
 class EvalResult:
     """The verdict of one fresh evaluation.
 
-    ``reward`` is 1.0 only if the marker says resolved. ``failure_reason``: None when resolved, else a
-    harness reason (fail_to_pass_failure, log_contradicts_exit_code, ...), a reward reason
-    (missing_reward_marker, malformed_reward_marker) or an evaluation reason (failed_apply_patch,
-    fresh_eval_exception, fresh_eval_timeout). ``marker`` is the marker payload, ``output_tail`` the
-    bounded end of the evaluator's output, ``timings`` seconds per phase, ``error`` "Type: message" for
-    provider faults.
+    ``reward`` is 1.0 only if the host-side grade says resolved. ``failure_reason``: None when resolved,
+    else a harness reason (fail_to_pass_failure, log_contradicts_exit_code, duplicate_status_lines, ...),
+    a patch-integrity reason (prohibited_test_infrastructure, suspicious_test_tampering, ...) or an
+    evaluation reason (failed_apply_patch, fresh_eval_exception, fresh_eval_timeout). ``marker`` is the
+    grade (the same fields the in-sandbox evaluator prints after its marker), ``output_tail`` the bounded
+    end of the evaluation log, ``timings`` seconds per phase, ``error`` "Type: message" for provider
+    faults, ``violations`` the refused changes when the patch broke an integrity rule.
     """
 
     reward: float
@@ -168,6 +168,7 @@ class EvalResult:
     output_tail: str = ""
     timings: dict = field(default_factory=dict)
     error: str | None = None
+    violations: list = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,35 +196,53 @@ def _result(reason: str, timings: dict, *, tail: str = "", error: str | None = N
     return EvalResult(0.0, False, reason, None, _bounded(tail), timings, error)
 
 
+def _read_log(path: str) -> str:
+    with open(path, "rb") as fh:
+        return _decode(fh.read())
+
+
 def evaluate_patch(
     provider: Provider,
     template: str,
     metadata: dict,
     patch: str,
     *,
-    poll_interval: float = 15.0,
     deadline: float | None = None,
     sandbox_timeout: float = 3600,
     env: dict | None = None,
+    grader: HostGrader | None = None,
 ) -> EvalResult:
-    """Apply ``patch`` in a fresh sandbox of ``template`` and run the row's evaluator; never raises for faults.
+    """Apply ``patch`` in a fresh sandbox of ``template``, run the official eval script, grade on the host.
 
-    Steps: create; ``git reset --hard <base> && git clean -fd``; ``git apply --binary`` (skipped for an
-    empty patch, which grades the base itself); start the evaluator in the background and poll it, first
-    every second then backing off to ``poll_interval``. ``deadline`` is an absolute ``time.monotonic()``
-    instant (default: now + the evaluator step's timeout + 120 s); past it the command is killed and the
-    result is fresh_eval_timeout. The sandbox is always killed. A row without an evaluator command raises
-    EvalError (a caller bug, not a rollout outcome).
+    Steps: the patch-integrity check (``check_patch`` with the row's tests and eval script: a refused patch
+    never reaches a sandbox); create; ``git reset --hard <base> && git clean -fd``; ``git apply --binary``
+    (skipped for an empty patch, which grades the base itself); run the row's eval script through
+    ``Sandbox.run_logged`` (its log comes back through the provider's pipe, its exit status is the
+    provider's record of the test command); grade the log here with the harness package's parser
+    (``grader``, default ``HostGrader.for_metadata``). Nothing the sandbox prints is taken as a verdict.
+    ``deadline`` is an absolute ``time.monotonic()`` instant (default: now + the evaluator step's timeout
+    + 120 s); past it the result is fresh_eval_timeout. The sandbox is always killed. A row without an
+    evaluator command raises EvalError (a caller bug, not a rollout outcome).
     """
     step = evaluator_step(metadata)
-    marker = metadata.get("reward_marker") or DEFAULT_REWARD_MARKER
     workdir = metadata.get("workdir") or "/testbed"
     base = metadata["base_commit"]
     t0 = time.monotonic()
+    step_timeout = float(step.get("timeout") or EVAL_TIMEOUT + 60)
     if deadline is None:
-        deadline = t0 + float(step.get("timeout") or 1260) + DEADLINE_GRACE
+        deadline = t0 + step_timeout + DEADLINE_GRACE
+    script = row_eval_script(metadata, step["cmd"])
     timings: dict[str, float] = {}
+    found = check_patch_integrity(patch, metadata=metadata, eval_script=script) if patch.strip() else []
+    if found:
+        res = _result(found[0].reason, timings, tail="refused: " + "; ".join(v.detail for v in found[:5]))
+        res.violations = [v.to_dict() for v in found]
+        return res
+    host_script = host_eval_script(script, instance_id=metadata.get("instance_id"))
+    eval_timeout = int(min(EVAL_TIMEOUT, max(1.0, step_timeout - 60)))
     sb: Sandbox | None = None
+    log_dir = tempfile.mkdtemp(prefix="sweflow-eval-")
+    log_path = os.path.join(log_dir, "eval.log")
     try:
         sb = provider.create(
             template,
@@ -234,24 +253,31 @@ def evaluate_patch(
         timings["create_s"] = round(time.monotonic() - t0, 3)
         t1 = time.monotonic()
         failed = _prepare(sb, workdir, base, patch)
+        if failed is None:
+            sb.write_file(HOST_SCRIPT, host_script)
         timings["setup_s"] = round(time.monotonic() - t1, 3)
         if failed is not None:
             return _result(FAILED_APPLY_PATCH, timings, tail=failed)
         t2 = time.monotonic()
-        res = _run_polled(sb, step["cmd"], workdir, poll_interval, deadline)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return _result(FRESH_EVAL_TIMEOUT, timings, error="the fresh-eval deadline passed before the run")
+        res = sb.run_logged(host_eval_command(eval_timeout), log_path, timeout=left, cwd=workdir)
         timings["eval_s"] = round(time.monotonic() - t2, 3)
-        if res is None:
+        if res.timed_out:
             return _result(FRESH_EVAL_TIMEOUT, timings, error="the evaluator passed the fresh-eval deadline")
-        tail = _bounded(res.stdout + ("\n" + res.stderr if res.stderr else ""))
-        payload = parse_marker(res.stdout, marker)
-        rr = reward_from_payload(payload)
-        return EvalResult(rr.reward, rr.resolved, rr.failure_reason, payload, tail, timings, None)
+        log_text = _read_log(log_path)
+        g = (grader or HostGrader.for_metadata(metadata)).grade(log_text, metadata, res.exit_code)
+        payload = g.to_marker_dict()
+        reward = 1.0 if g.resolved else 0.0
+        return EvalResult(reward, g.resolved, g.failure_reason, payload, _bounded(log_text), timings, None)
     except Exception as exc:  # noqa: BLE001 - every fault becomes a graded outcome for the dispatcher
         log.warning(
             "fresh evaluation of %s failed: %s: %s", metadata.get("instance_id"), type(exc).__name__, exc
         )
         return _result(FRESH_EVAL_EXCEPTION, timings, error=f"{type(exc).__name__}: {exc}")
     finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
         if sb is not None:
             t3 = time.monotonic()
             try:
@@ -279,29 +305,3 @@ def _prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
     if r.ok:
         return None
     return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()}"
-
-
-def _run_polled(sb: Sandbox, cmd: str, workdir: str, poll_interval: float, deadline: float):
-    """Start ``cmd`` in the background and poll it until it ends (its CommandResult) or the deadline (None)."""
-    bg = sb.start(cmd, cwd=workdir)
-    wait, errors = min(1.0, poll_interval), 0
-    while True:
-        now = time.monotonic()
-        if now >= deadline:
-            try:
-                bg.kill()
-            except Exception:  # noqa: BLE001 - the sandbox is killed next anyway
-                pass
-            return None
-        time.sleep(max(0.0, min(wait, deadline - now)))
-        try:
-            res = bg.poll()
-            errors = 0
-        except SandboxError:
-            errors += 1  # a transient provider hiccup; the command keeps running in the sandbox
-            if errors >= MAX_POLL_ERRORS:
-                raise
-            continue
-        if res is not None:
-            return res
-        wait = min(poll_interval, wait * 2)

@@ -172,7 +172,6 @@ def validate_task(
     template: str | None = None,
     repeats: int = 2,
     parallel: int = 1,
-    poll_interval: float = 1.0,
     sandbox_timeout: float = 3600,
     evaluate: Callable[..., EvalResult] = evaluate_patch,
 ) -> dict[str, Any]:
@@ -195,7 +194,6 @@ def validate_task(
             template,
             dict(metadata),
             patch,
-            poll_interval=poll_interval,
             sandbox_timeout=sandbox_timeout,
         )
         log.info("%s %s run %d: resolved=%s reason=%s", iid, kind, i, res.resolved, res.failure_reason)
@@ -242,7 +240,6 @@ def validate_task_file(
     provider: Provider,
     repeats: int = 2,
     parallel: int = 1,
-    poll_interval: float = 1.0,
 ) -> dict[str, Any]:
     """Validate the task in ``task_file`` (written by write_task_inputs) and write its record atomically."""
     task = read_json(task_file)
@@ -253,7 +250,6 @@ def validate_task_file(
         task.get("gold_patch") or "",
         repeats=repeats,
         parallel=parallel,
-        poll_interval=poll_interval,
         sandbox_timeout=float(meta.get("sandbox_timeout_sec") or 3600),
     )
     atomic_write_json(out, rec)

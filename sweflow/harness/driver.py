@@ -31,6 +31,7 @@ FAILURE_REASONS = (
     "pass_to_pass_regression",
     "eval_timeout",
     "log_contradicts_exit_code",
+    "duplicate_status_lines",
 )
 
 
@@ -67,21 +68,24 @@ def grade(
     *,
     eval_returncode: int | None = None,
     contradicted: list | tuple = (),
+    duplicated: list | tuple = (),
     log_tail: str = "",
 ) -> GradeResult:
     """Grade parsed test statuses against the expected F2P/P2P lists.
 
     Resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes, the evaluation did not time out,
     some tests were parsed, no required test was reported both passing and failing (``contradicted``)
-    and, when the test command's exit code is known, it does not contradict an all-passing log.
-    ``failure_reason`` is the first failing check, in the order: timeout, nothing parsed, F2P, P2P,
-    contradiction.
+    and, when the test command's exit code is known, it does not contradict an all-passing log, and no
+    required test was reported passing by more than one line (``duplicated``: a test runner reports each
+    test once; a second PASSED line was printed by something else). ``failure_reason`` is the first failing
+    check, in the order: timeout, nothing parsed, F2P, P2P, contradiction, duplicate.
     """
     f2p_ok = [t for t in fail_to_pass if test_passes(t, statuses)]
     p2p_ok = [t for t in pass_to_pass if test_passes(t, statuses)]
     failed = [t for t in list(fail_to_pass) + list(pass_to_pass) if not test_passes(t, statuses)]
     required = set(fail_to_pass) | set(pass_to_pass)
     bad_required = sorted(t for t in contradicted if t in required)
+    dup_required = sorted(t for t in duplicated if t in required)
     any_failing = any(s in FAILING_STATUSES for s in statuses.values())
 
     reason = None
@@ -95,6 +99,8 @@ def grade(
         reason = "pass_to_pass_regression"
     elif bad_required or (test_exit_code not in (None, 0) and not any_failing):
         reason = "log_contradicts_exit_code"
+    elif dup_required:
+        reason = "duplicate_status_lines"
     return GradeResult(
         resolved=reason is None,
         fail_to_pass_success=len(f2p_ok),
@@ -174,11 +180,11 @@ def call_parser(parser, text: str, spec) -> dict:
         return parser(text)
 
 
-def contradicted_tests(parser, text: str, spec, names) -> list:
-    """Tests in ``names`` that some line reports passing and another reports FAILED/ERROR.
+def line_statuses(parser, text: str, spec, names) -> dict:
+    """For each test in ``names``: the list of statuses, one per log line the parser maps to it.
 
     Parsing line by line reveals what the harness's last-line-wins map hides: a forged ``PASSED x``
-    printed after the real ``FAILED x``.
+    printed after the real ``FAILED x``, or printed twice.
     """
     wanted = set(names)
     seen = {}
@@ -191,12 +197,22 @@ def contradicted_tests(parser, text: str, spec, names) -> list:
             continue
         for test, status in found.items():
             if test in wanted:
-                seen.setdefault(test, set()).add(status)
+                seen.setdefault(test, []).append(status)
+    return seen
+
+
+def contradicted_tests(parser, text: str, spec, names) -> list:
+    """Tests in ``names`` that some line reports passing and another reports FAILED/ERROR."""
     out = []
-    for test, st in seen.items():
-        if st & set(PASSING_STATUSES) and st & set(FAILING_STATUSES):
+    for test, st in line_statuses(parser, text, spec, names).items():
+        if set(st) & set(PASSING_STATUSES) and set(st) & set(FAILING_STATUSES):
             out.append(test)
     return sorted(out)
+
+
+def duplicated_tests(per_line: dict) -> list:
+    """Tests that more than one line reports as passing (``per_line`` from ``line_statuses``)."""
+    return sorted(t for t, st in per_line.items() if sum(s in PASSING_STATUSES for s in st) > 1)
 
 
 class _Spec:
@@ -211,13 +227,27 @@ class _Spec:
 
 
 def evaluate_log(
-    parser, log: str, meta: dict, eval_returncode, start: str, end: str, collect: dict | None = None
+    parser,
+    log: str,
+    meta: dict,
+    eval_returncode,
+    start: str,
+    end: str,
+    collect: dict | None = None,
+    *,
+    test_exit_code=None,
+    trusted_exit_code: bool = False,
 ) -> GradeResult:
-    """Parse and grade one evaluation log; never raises. ``collect`` receives the parsed statuses."""
+    """Parse and grade one evaluation log; never raises. ``collect`` receives the parsed statuses.
+
+    With ``trusted_exit_code`` the test command's exit status is ``test_exit_code`` (the provider's own
+    record of the process) and any exit-code line inside the log is ignored; otherwise it is read from
+    the instrumentation line in the log (the in-sandbox evaluator, which trusts the sandbox).
+    """
     f2p = list(meta.get("FAIL_TO_PASS", []))
     p2p = list(meta.get("PASS_TO_PASS", []))
     tail = log[-LOG_TAIL_CHARS:]
-    exit_code = read_test_exit_code(log)
+    exit_code = test_exit_code if trusted_exit_code else read_test_exit_code(log)
     if parser is None:
         return failed_grade("missing_parser", f2p, p2p, eval_returncode=eval_returncode, log_tail=tail)
     spec = _Spec(meta)
@@ -225,7 +255,13 @@ def evaluate_log(
         statuses = parse_statuses(parser, log, spec, start, end)
         if collect is not None:
             collect.update(statuses)
-        contradicted = contradicted_tests(parser, from_first_start(log, start), spec, f2p + p2p)
+        per_line = line_statuses(parser, from_first_start(log, start), spec, f2p + p2p)
+        contradicted = sorted(
+            t
+            for t, st in per_line.items()
+            if set(st) & set(PASSING_STATUSES) and set(st) & set(FAILING_STATUSES)
+        )
+        duplicated = duplicated_tests(per_line)
     except Exception as exc:
         tail = (tail + "\nparser exception: " + repr(exc))[-LOG_TAIL_CHARS:]
         return failed_grade(
@@ -243,6 +279,7 @@ def evaluate_log(
         exit_code,
         eval_returncode=eval_returncode,
         contradicted=contradicted,
+        duplicated=duplicated,
         log_tail=tail,
     )
 

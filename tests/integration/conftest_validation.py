@@ -49,7 +49,8 @@ def metadata_for(harness, inst: dict[str, Any], template: str, provider: str) ->
     """The training row's metadata for `inst`, exactly as the convert stage writes it."""
     opts = ConvertOptions(dataset="sample", split="train", provider=provider)
     cmd = harness.evaluator_command(inst, timeout_sec=opts.eval_timeout_sec, marker=opts.reward_marker)
-    return convert_instance(inst, template=template, evaluator_cmd=cmd, opts=opts)["metadata"]
+    parser = harness.parser_for(inst["repo"]).__name__
+    return convert_instance(inst, template=template, evaluator_cmd=cmd, opts=opts, parser=parser)["metadata"]
 
 
 class SampleEnv:

@@ -27,7 +27,7 @@ def test_every_sample_task_validates(sample_env):  # noqa: F811
 
     def one(iid):
         inst = load_task(iid)
-        return validate_task(env.provider, env.meta(inst), inst["patch"], repeats=2, poll_interval=0.5)
+        return validate_task(env.provider, env.meta(inst), inst["patch"], repeats=2)
 
     with cf.ThreadPoolExecutor(max_workers=2) as pool:
         recs = list(pool.map(one, ALL_IDS))
@@ -121,7 +121,7 @@ def test_broken_variants_get_the_right_verdict(sample_env):  # noqa: F811
     def one(v):
         name, inst, patch, provider = v
         meta = env.meta(inst)
-        return name, validate_task(provider, meta, patch, repeats=2, parallel=1, poll_interval=0.5)
+        return name, validate_task(provider, meta, patch, repeats=2, parallel=1)
 
     with cf.ThreadPoolExecutor(max_workers=2) as pool:
         got = dict(pool.map(one, _variants(env)))

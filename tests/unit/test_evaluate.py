@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sweflow.errors import EvalError, SandboxError
@@ -17,7 +15,10 @@ from sweflow.evaluate import (
     patch_paths,
 )
 from sweflow.harness.driver import DEFAULT_REWARD_MARKER
+from sweflow.harness.grader import HOST_SCRIPT
+from sweflow.sample import sample_rows
 from sweflow.sandbox.base import CommandResult
+from sweflow.stages import harness_from_config
 
 BASE = "a" * 40
 SRC_PATCH = (
@@ -30,43 +31,17 @@ TEST_PATCH = (
 )
 
 
-def marker(resolved: bool, reason: str | None = None) -> str:
-    payload = {"resolved": resolved, "failure_reason": reason, "fail_to_pass_success": int(resolved)}
-    return DEFAULT_REWARD_MARKER + json.dumps(payload) + "\n"
-
-
-class FakeBackground:
-    def __init__(self, sb: FakeSandbox, polls_until_done: int, result: CommandResult, poll_errors: int = 0):
-        self.sb, self.left, self.result, self.poll_errors = sb, polls_until_done, result, poll_errors
-        self.killed = False
-        self.polls = 0
-
-    def poll(self):
-        self.polls += 1
-        if self.poll_errors:
-            self.poll_errors -= 1
-            raise SandboxError("poll hiccup")
-        if self.killed:
-            return CommandResult(137, "", "", False)
-        self.left -= 1
-        return self.result if self.left <= 0 else None
-
-    def kill(self):
-        self.killed = True
-
-
 class FakeSandbox:
     """Answers commands from a list of (substring, CommandResult | Exception) rules; records everything."""
 
-    def __init__(self, rules=(), files=None, bg=None):
+    def __init__(self, rules=(), files=None, log="", exit_code=0, timed_out=False, logged_error=None):
         self.id, self.template = "fake-1", "tpl"
         self.rules = list(rules)
         self.files = dict(files or {})
         self.cmds: list[str] = []
         self.written: dict[str, bytes] = {}
-        self.started: list[tuple[str, str | None]] = []
-        self.bg_spec = bg or {}
-        self.bg: FakeBackground | None = None
+        self.logged: list[tuple[str, float, str | None]] = []
+        self.log, self.exit_code, self.timed_out, self.logged_error = log, exit_code, timed_out, logged_error
         self.kill_count = 0
 
     def run(self, cmd, *, timeout, env=None, cwd=None):
@@ -82,10 +57,14 @@ class FakeSandbox:
                 return a
         return CommandResult(0, "", "")
 
-    def start(self, cmd, *, env=None, cwd=None):
-        self.started.append((cmd, cwd))
-        self.bg = FakeBackground(self, **self.bg_spec)
-        return self.bg
+    def run_logged(self, cmd, log_path, *, timeout, env=None, cwd=None, max_bytes=None):
+        """The provider's trusted channel: the scripted log lands in the host file, with the exit code."""
+        self.logged.append((cmd, timeout, cwd))
+        if self.logged_error:
+            raise self.logged_error
+        with open(log_path, "w", encoding="utf-8") as fh:
+            fh.write(self.log)
+        return CommandResult(self.exit_code, "", "", self.timed_out)
 
     def write_file(self, path, data, *, timeout=60):
         self.written[path] = data if isinstance(data, bytes) else data.encode()
@@ -118,16 +97,42 @@ class FakeProvider:
         return self.sb
 
 
+HARNESS = harness_from_config("swebench", "sample")
+INST = sample_rows("train")[0]
+F2P, P2P = list(INST["FAIL_TO_PASS"]), list(INST["PASS_TO_PASS"])
 META = {
-    "instance_id": "org__repo-1",
+    "instance_id": INST["instance_id"],
+    "repo": INST["repo"],
+    "version": INST["version"],
     "base_commit": BASE,
     "workdir": "/testbed",
+    "FAIL_TO_PASS": F2P,
+    "PASS_TO_PASS": P2P,
+    "harness": {"package": "swebench", "parser": "parse_log_pytest"},
     "reward_marker": DEFAULT_REWARD_MARKER,
     "blackbox_execute_cmds": {
         "before_agent": [{"name": "git_sanitizer", "cmd": "sanitize", "required": True, "timeout": 120}],
-        "after_agent": [{"name": "harness_eval", "cmd": "EVALUATOR-CMD", "required": True, "timeout": 1260}],
+        "after_agent": [
+            {
+                "name": "harness_eval",
+                "cmd": HARNESS.evaluator_command(INST),
+                "required": True,
+                "timeout": 1260,
+            }
+        ],
     },
 }
+START, END = HARNESS.start_marker, HARNESS.end_marker
+
+
+def pytest_log(statuses: dict[str, str], *, extra: str = "") -> str:
+    """A log shaped like the official eval script's output under `pytest -rA`."""
+    body = "".join(f"{st} {t}\n" for t, st in statuses.items())
+    return f"+ : '{START}'\n+ pytest -rA\n=== short test summary info ===\n{body}{extra}+ : '{END}'\n"
+
+
+ALL_PASS = dict.fromkeys(F2P + P2P, "PASSED")
+F2P_FAIL = {**ALL_PASS, F2P[0]: "FAILED"}
 
 
 # ----- patch paths and checks -----------------------------------------------------------------------------
@@ -210,75 +215,119 @@ def test_non_utf8_patch_bytes_survive_the_round_trip():
     raw = SRC_PATCH.encode() + b"+caf\xe9\n"
     sb = FakeSandbox(files={"/tmp/.sweflow/patch.diff": raw})
     got = extract_patch(sb, BASE)
-    sb2 = FakeSandbox(bg={"polls_until_done": 1, "result": CommandResult(0, marker(True), "")})
-    evaluate_patch(FakeProvider(sb2), "tpl", META, got.patch, poll_interval=0.01)
+    sb2 = FakeSandbox(log=pytest_log(ALL_PASS))
+    evaluate_patch(FakeProvider(sb2), "tpl", META, got.patch)
     assert sb2.written["/tmp/.sweflow/patch.diff"] == raw
 
 
 # ----- evaluate_patch --------------------------------------------------------------------------------------
-def test_resolved_run_resets_applies_polls_and_kills(monkeypatch):
-    sleeps = []
-    monkeypatch.setattr("sweflow.evaluate.time.sleep", sleeps.append)
-    sb = FakeSandbox(bg={"polls_until_done": 5, "result": CommandResult(0, "noise\n" + marker(True), "")})
+def test_resolved_run_resets_applies_runs_the_official_script_and_grades_on_the_host():
+    sb = FakeSandbox(log="noise\n" + pytest_log(ALL_PASS))
     prov = FakeProvider(sb)
-    res = evaluate_patch(prov, "tpl-x", META, SRC_PATCH, poll_interval=4.0, env={"A": "1"})
+    res = evaluate_patch(prov, "tpl-x", META, SRC_PATCH, env={"A": "1"})
     assert (res.reward, res.resolved, res.failure_reason, res.error) == (1.0, True, None, None)
-    assert res.marker["resolved"] is True and "noise" in res.output_tail
+    assert res.marker["fail_to_pass_success"] == len(F2P) and res.marker["test_exit_code"] == 0
+    assert "noise" in res.output_tail
     assert prov.created[0]["template"] == "tpl-x" and prov.created[0]["env"] == {"A": "1"}
-    assert prov.created[0]["metadata"]["instance_id"] == "org__repo-1"
+    assert prov.created[0]["metadata"]["instance_id"] == INST["instance_id"]
     assert f"git reset -q --hard {BASE}" in sb.cmds[0] and "git clean -fdq" in sb.cmds[0]
     assert "git apply --binary" in sb.cmds[1]
     assert sb.written["/tmp/.sweflow/patch.diff"] == SRC_PATCH.encode()
-    assert sb.started == [("EVALUATOR-CMD", "/testbed")]
-    assert sleeps == [1.0, 2.0, 4.0, 4.0, 4.0], "polls back off to poll_interval; no long-held request"
+    script = sb.written[HOST_SCRIPT].decode()
+    assert "git apply -v - <<'EOF_" in script, "the official script, test patch included"
+    assert "SWEFLOW_TEST_EXIT_CODE" not in script and script.endswith('exit "${sweflow_test_rc:-1}"\n')
+    [(cmd, timeout, cwd)] = sb.logged
+    assert cmd.startswith("timeout -k 30 1200 bash -c ") and "rm -f /tmp/.sweflow/host-eval.sh" in cmd
+    assert cwd == "/testbed" and 1200 < timeout <= 1260 + 120
     assert sb.kill_count == 1
     assert {"create_s", "setup_s", "eval_s", "kill_s", "total_s"} <= set(res.timings)
     assert EvalResult(**res.to_dict()) == res
 
 
-def test_empty_patch_skips_apply_and_grades_the_base(monkeypatch):
-    monkeypatch.setattr("sweflow.evaluate.time.sleep", lambda s: None)
-    sb = FakeSandbox(
-        bg={"polls_until_done": 1, "result": CommandResult(0, marker(False, "fail_to_pass_failure"), "")}
-    )
+def test_empty_patch_skips_apply_and_grades_the_base():
+    sb = FakeSandbox(log=pytest_log(F2P_FAIL), exit_code=1)
     res = evaluate_patch(FakeProvider(sb), "tpl", META, "")
     assert (res.reward, res.resolved, res.failure_reason) == (0.0, False, "fail_to_pass_failure")
-    assert not any("git apply" in c for c in sb.cmds) and not sb.written
+    assert not any("git apply" in c for c in sb.cmds) and "/tmp/.sweflow/patch.diff" not in sb.written
 
 
-def test_failed_apply(monkeypatch):
+def test_failed_apply():
     sb = FakeSandbox(rules=[("git apply", CommandResult(1, "", "error: patch failed: calclib/ops.py:1"))])
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
     assert (res.reward, res.failure_reason) == (0.0, "failed_apply_patch")
     assert "patch failed: calclib/ops.py:1" in res.output_tail
-    assert sb.started == [] and sb.kill_count == 1
+    assert sb.logged == [] and sb.kill_count == 1
 
 
 @pytest.mark.parametrize(
-    ("stdout", "reason"),
+    ("log", "exit_code", "reason"),
     [
-        ("pytest output but no marker\n", "missing_reward_marker"),
-        (DEFAULT_REWARD_MARKER + "{not json\n", "malformed_reward_marker"),
-        ("  " + DEFAULT_REWARD_MARKER + '{"resolved": "yes"}\n', "malformed_reward_marker"),
-        ("log says " + DEFAULT_REWARD_MARKER + '{"resolved": true}\n', "missing_reward_marker"),
+        # The in-sandbox reward marker is just text now: it never decides anything.
+        (
+            pytest_log(F2P_FAIL, extra=DEFAULT_REWARD_MARKER + '{"resolved": true}\n'),
+            1,
+            "fail_to_pass_failure",
+        ),
+        (DEFAULT_REWARD_MARKER + '{"resolved": true, "failure_reason": null}\n', 0, "no_tests_parsed"),
+        # Forged PASSED lines: the test command's own status (from the provider) says it failed.
+        (pytest_log(ALL_PASS), 1, "log_contradicts_exit_code"),
+        # An exit-code line printed by the tested code is ignored: the provider's status counts.
+        (pytest_log(ALL_PASS, extra="SWEFLOW_TEST_EXIT_CODE=0\n"), 2, "log_contradicts_exit_code"),
+        # The real FAILED line followed by a forged PASSED line for the same test.
+        (pytest_log(F2P_FAIL, extra=f"PASSED {F2P[0]}\n"), 1, "log_contradicts_exit_code"),
+        # A required test reported passing twice: a runner reports each test once.
+        (pytest_log(ALL_PASS, extra=f"PASSED {P2P[0]}\n"), 0, "duplicate_status_lines"),
+        (pytest_log({}), 5, "no_tests_parsed"),
+        (pytest_log(ALL_PASS), 124, "eval_timeout"),
+        (pytest_log(ALL_PASS), 137, "eval_timeout"),
     ],
 )
-def test_missing_or_malformed_marker(monkeypatch, stdout, reason):
-    monkeypatch.setattr("sweflow.evaluate.time.sleep", lambda s: None)
-    sb = FakeSandbox(bg={"polls_until_done": 1, "result": CommandResult(1, stdout, "")})
+def test_host_grade_resists_forged_output(log, exit_code, reason):
+    sb = FakeSandbox(log=log, exit_code=exit_code)
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
     assert (res.reward, res.resolved, res.failure_reason) == (0.0, False, reason)
 
 
-def test_resolved_requires_no_failure_reason(monkeypatch):
-    monkeypatch.setattr("sweflow.evaluate.time.sleep", lambda s: None)
-    out = DEFAULT_REWARD_MARKER + json.dumps({"resolved": True, "failure_reason": "eval_timeout"}) + "\n"
-    sb = FakeSandbox(bg={"polls_until_done": 1, "result": CommandResult(0, out, "")})
-    res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
-    assert (res.reward, res.resolved, res.failure_reason) == (0.0, False, "eval_timeout")
+def test_unknown_parser_is_missing_parser():
+    meta = {**META, "harness": {"package": "swebench", "parser": "parse_log_nonexistent"}}
+    res = evaluate_patch(FakeProvider(FakeSandbox(log=pytest_log(ALL_PASS))), "tpl", meta, SRC_PATCH)
+    assert (res.reward, res.failure_reason) == (0.0, "missing_parser")
 
 
-def test_provider_errors_become_fresh_eval_exception(monkeypatch):
+CONFTEST = SRC_PATCH.replace("calclib/ops.py", "calclib/conftest.py")
+
+
+@pytest.mark.parametrize(
+    ("patch", "reason", "rule"),
+    [
+        (CONFTEST, "prohibited_test_modification", "test_file"),
+        (
+            SRC_PATCH.replace("calclib/ops.py", "sitecustomize.py"),
+            "prohibited_test_infrastructure",
+            "test_infrastructure",
+        ),
+        (
+            SRC_PATCH.replace("calclib/ops.py", "calclib/hook.pth"),
+            "prohibited_test_infrastructure",
+            "test_infrastructure",
+        ),
+        (SRC_PATCH.replace("+x = 2", "+import _pytest.runner"), "suspicious_test_tampering", "tamper_code"),
+        (
+            SRC_PATCH.replace("+x = 2", "+os.write(1, b'PASSED x'); os._exit(0)"),
+            "suspicious_test_tampering",
+            "tamper_code",
+        ),
+        (SRC_PATCH + TEST_PATCH, "prohibited_test_modification", "test_file"),
+    ],
+)
+def test_refused_patches_never_reach_a_sandbox(patch, reason, rule):
+    prov = FakeProvider(FakeSandbox(log=pytest_log(ALL_PASS)))
+    res = evaluate_patch(prov, "tpl", META, patch)
+    assert (res.reward, res.resolved, res.failure_reason) == (0.0, False, reason)
+    assert res.violations[0]["rule"] == rule and prov.created == []
+
+
+def test_provider_errors_become_fresh_eval_exception():
     res = evaluate_patch(
         FakeProvider(SandboxError("template image not found", file="tpl")), "tpl", META, SRC_PATCH
     )
@@ -291,38 +340,25 @@ def test_provider_errors_become_fresh_eval_exception(monkeypatch):
     sb = FakeSandbox(rules=[("git reset", CommandResult(128, "", "fatal: unknown revision"))])
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
     assert res.failure_reason == "fresh_eval_exception" and "unknown revision" in res.error
-
-
-def test_transient_poll_errors_are_tolerated_but_not_forever(monkeypatch):
-    monkeypatch.setattr("sweflow.evaluate.time.sleep", lambda s: None)
-    sb = FakeSandbox(
-        bg={"polls_until_done": 1, "result": CommandResult(0, marker(True), ""), "poll_errors": 2}
-    )
-    assert evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH).resolved
-    sb = FakeSandbox(
-        bg={"polls_until_done": 1, "result": CommandResult(0, marker(True), ""), "poll_errors": 3}
-    )
+    sb = FakeSandbox(logged_error=SandboxError("exec stream broke"))
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
-    assert res.failure_reason == "fresh_eval_exception" and "poll hiccup" in res.error and sb.kill_count == 1
+    assert res.failure_reason == "fresh_eval_exception" and sb.kill_count == 1
 
 
-def test_deadline_kills_the_command_and_the_sandbox():
+def test_deadline_bounds_the_run_and_a_timed_out_run_is_fresh_eval_timeout():
     import time
 
-    sb = FakeSandbox(bg={"polls_until_done": 10**9, "result": CommandResult(0, marker(True), "")})
-    t0 = time.monotonic()
-    res = evaluate_patch(
-        FakeProvider(sb), "tpl", META, SRC_PATCH, poll_interval=0.05, deadline=time.monotonic() + 0.3
-    )
-    assert time.monotonic() - t0 < 2
+    sb = FakeSandbox(log="", exit_code=124, timed_out=True)
+    res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH, deadline=time.monotonic() + 5)
     assert (res.reward, res.failure_reason) == (0.0, "fresh_eval_timeout")
-    assert sb.bg.killed and sb.kill_count == 1
+    assert sb.logged[0][1] <= 5 and sb.kill_count == 1
+    sb = FakeSandbox(log=pytest_log(ALL_PASS))
+    res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH, deadline=time.monotonic() - 1)
+    assert res.failure_reason == "fresh_eval_timeout" and sb.logged == []
 
 
-def test_output_tail_is_bounded(monkeypatch):
-    monkeypatch.setattr("sweflow.evaluate.time.sleep", lambda s: None)
-    out = "x" * 100_000 + "\n" + marker(True)
-    sb = FakeSandbox(bg={"polls_until_done": 1, "result": CommandResult(0, out, "e" * 50_000)})
+def test_output_tail_is_bounded():
+    sb = FakeSandbox(log="x" * 100_000 + "\n" + pytest_log(ALL_PASS))
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
     assert res.resolved and len(res.output_tail) == OUTPUT_TAIL_CHARS
 

@@ -1,0 +1,134 @@
+"""Grading on the host: the eval script runs in the sandbox, the verdict is computed here.
+
+A training row carries the official eval script inside its after-agent evaluator command (packed with the
+in-sandbox parser, see ``standalone``). For a grade the tested code cannot forge, ``host_eval_command``
+turns that script into a command whose exit status IS the test command's status (the provider records it
+for the process it started) and which holds the whole script in memory before any tested code runs (bash
+reads a script FILE lazily, so code under test could rewrite the lines still to come). The log comes back
+through the provider's own pipe (``Sandbox.run_logged``); ``HostGrader`` parses it with the harness
+package's own log parser, in this process, and grades it with the same driver the sandbox program embeds.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from sweflow.errors import EvalError, HarnessError
+from sweflow.harness import driver
+from sweflow.harness.loader import TEST_EXIT_ECHO, Harness, load_harness
+from sweflow.harness.standalone import WORKDIR, unpack_command
+
+EVAL_SCRIPT = f"{WORKDIR}/eval.sh"
+# Where the host copy of the eval script is written in the fresh sandbox (read into memory, then deleted).
+HOST_SCRIPT = "/tmp/.sweflow/host-eval.sh"
+RC_VAR = "sweflow_test_rc"
+KILL_GRACE_S = 30
+
+
+def row_eval_script(metadata: Mapping[str, Any], cmd: str) -> str:
+    """The official (instrumented) eval script packed inside a row's evaluator command."""
+    try:
+        files = unpack_command(cmd)
+    except Exception as exc:  # noqa: BLE001 - any decoding problem is a malformed row
+        raise EvalError(
+            f"the evaluator command cannot be unpacked: {type(exc).__name__}: {exc}",
+            row=metadata.get("instance_id"),
+            field="blackbox_execute_cmds.after_agent",
+        ) from None
+    script = files.get(EVAL_SCRIPT)
+    if not script:
+        raise EvalError(
+            "the evaluator command carries no eval script",
+            row=metadata.get("instance_id"),
+            field="blackbox_execute_cmds.after_agent",
+        )
+    return script
+
+
+def host_eval_script(script: str, *, instance_id: str | None = None) -> str:
+    """The eval script with the echoed test exit code replaced by ``exit <test status>`` at the end.
+
+    The official script resets the test files after the test command; that still runs, then the shell
+    exits with the test command's own status, so the exit status the provider records is the test's.
+    """
+    lines = script.split("\n")
+    hits = [i for i, line in enumerate(lines) if line.strip() == TEST_EXIT_ECHO]
+    if len(hits) != 1:
+        raise EvalError(
+            f"the eval script has {len(hits)} exit-code instrumentation lines (expected 1)",
+            row=instance_id,
+            field="blackbox_execute_cmds.after_agent",
+            hint="re-run convert: the row predates instrumented eval scripts",
+        )
+    lines[hits[0]] = f"{RC_VAR}=$?"
+    body = "\n".join(lines).rstrip("\n")
+    return body + f'\nexit "${{{RC_VAR}:-1}}"\n'
+
+
+def host_eval_command(timeout_sec: int, *, script_path: str = HOST_SCRIPT) -> str:
+    """The command the provider runs: load the script into memory, delete it, run it under ``timeout``.
+
+    stdout and stderr are merged into one stream (the provider pipes it to the host). stdin is closed so
+    tested code cannot read what the shell has not read yet. Exit 124/137 means the eval timed out.
+    """
+    inner = f's=$(cat {script_path}) && rm -f {script_path} && eval "$s"'
+    return (
+        f"timeout -k {KILL_GRACE_S} {int(timeout_sec)} bash -c {shlex.quote(inner)} sweflow-eval"
+        " </dev/null 2>&1"
+    )
+
+
+class HostGrader:
+    """Parse and grade evaluation logs with one harness package's own log parsers (thread-safe)."""
+
+    _cache: dict[str, HostGrader] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, harness: Harness) -> None:
+        self.harness = harness
+
+    @classmethod
+    def for_package(cls, package: str) -> HostGrader:
+        """A grader over ``package`` (loaded once per process)."""
+        with cls._lock:
+            if package not in cls._cache:
+                cls._cache[package] = cls(load_harness(package))
+            return cls._cache[package]
+
+    @classmethod
+    def for_metadata(cls, metadata: Mapping[str, Any]) -> HostGrader:
+        info = metadata.get("harness") or {}
+        return cls.for_package(str(info.get("package") or "swebench"))
+
+    def parser_for(self, metadata: Mapping[str, Any]):
+        """The row's parser: by the function name the row records, else the package's repo table."""
+        name = (metadata.get("harness") or {}).get("parser")
+        if name:
+            try:
+                return self.harness.find_parser(str(name))
+            except HarnessError:
+                return None
+        return self.harness.parser_for(str(metadata.get("repo") or ""))
+
+    def grade(self, log: str, metadata: Mapping[str, Any], exit_code: int | None) -> driver.GradeResult:
+        """Grade ``log`` for the row; ``exit_code`` is the provider-recorded status of the eval command."""
+        meta = {
+            "FAIL_TO_PASS": list(metadata.get("FAIL_TO_PASS") or []),
+            "PASS_TO_PASS": list(metadata.get("PASS_TO_PASS") or []),
+            "instance_id": metadata.get("instance_id", ""),
+            "repo": metadata.get("repo", ""),
+            "version": str(metadata.get("version", "")),
+        }
+        return driver.evaluate_log(
+            self.parser_for(metadata),
+            log,
+            meta,
+            exit_code,
+            self.harness.start_marker,
+            self.harness.end_marker,
+            test_exit_code=exit_code,
+            trusted_exit_code=True,
+        )
