@@ -34,6 +34,7 @@ from typing import Any
 
 from .errors import EvalError, SandboxError
 from .harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
+from .integrity import DEFAULT_RULES, IntegrityRules
 from .integrity_patch import (
     PROHIBITED_TEST_INFRASTRUCTURE,
     PROHIBITED_TEST_MODIFICATION,
@@ -101,13 +102,17 @@ def _encode(text: str) -> bytes:
 
 
 def check_patch(
-    patch: str, metadata: Mapping[str, Any] | None = None, *, eval_script: str | None = None
+    patch: str,
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    eval_script: str | None = None,
+    rules: IntegrityRules = DEFAULT_RULES,
 ) -> tuple[str | None, list[str]]:
     """(failure_reason, offending paths) of a patch: empty_generation, one of the integrity reasons of
     ``sweflow.integrity_patch`` (prohibited_test_modification first), or (None, [])."""
     if not patch.strip():
         return EMPTY_GENERATION, []
-    found = check_patch_integrity(patch, metadata=metadata, eval_script=eval_script)
+    found = check_patch_integrity(patch, metadata=metadata, eval_script=eval_script, rules=rules)
     if not found:
         return None, []
     reason = found[0].reason
@@ -211,6 +216,7 @@ def evaluate_patch(
     sandbox_timeout: float = 3600,
     env: dict | None = None,
     grader: HostGrader | None = None,
+    rules: IntegrityRules = DEFAULT_RULES,
 ) -> EvalResult:
     """Apply ``patch`` in a fresh sandbox of ``template``, run the official eval script, grade on the host.
 
@@ -220,6 +226,7 @@ def evaluate_patch(
     ``Sandbox.run_logged`` (its log comes back through the provider's pipe, its exit status is the
     provider's record of the test command); grade the log here with the harness package's parser
     (``grader``, default ``HostGrader.for_metadata``). Nothing the sandbox prints is taken as a verdict.
+    ``rules`` are the integrity rules of the patch check.
     ``deadline`` is an absolute ``time.monotonic()`` instant (default: now + the evaluator step's timeout
     + 120 s); past it the result is fresh_eval_timeout. The sandbox is always killed. A row without an
     evaluator command raises EvalError (a caller bug, not a rollout outcome).
@@ -233,7 +240,11 @@ def evaluate_patch(
         deadline = t0 + step_timeout + DEADLINE_GRACE
     script = row_eval_script(metadata, step["cmd"])
     timings: dict[str, float] = {}
-    found = check_patch_integrity(patch, metadata=metadata, eval_script=script) if patch.strip() else []
+    found = (
+        check_patch_integrity(patch, metadata=metadata, eval_script=script, rules=rules)
+        if patch.strip()
+        else []
+    )
     if found:
         res = _result(found[0].reason, timings, tail="refused: " + "; ".join(v.detail for v in found[:5]))
         res.violations = [v.to_dict() for v in found]
