@@ -5,27 +5,42 @@ Layout under `templates_root` (default $SWEFLOW_LOCAL_TEMPLATES or ~/.cache/swef
   <name>/template.json     metadata (image, spec hash, start command, runtime and claude paths)
   _shared/conda-<h>/       conda shim + a python venv `envs/testbed` (with pytest), bound at /opt/miniconda3
   _shared/runtime-<h>/     the isolated runtime venv with the sweflow wheel, bound at /opt/sweflow/runtime
-  _sandboxes/<id>/         per sandbox: testbed copy (/testbed), tmp (/tmp), home (/root), background logs
+  _sandboxes/<id>/         per sandbox: testbed (/testbed), tmp (/tmp), home (/root), run (/run/sweflow,
+                           the socket folder), bg (background logs, host only)
 
-Every command is its own `bwrap` (host root read-only, own /tmp and /root, new pid namespace,
---die-with-parent); venvs are created inside bwrap at their final paths so their scripts' shebangs resolve.
+The agent is hostile. Every command is `setpriv` (uid/gid `sandbox_uid`, default 65534, no groups) in front
+of an unprivileged `bwrap`: own user, pid, ipc, uts, cgroup and network namespaces, no capabilities,
+no_new_privs, --die-with-parent, --new-session. The sandbox sees /usr and /etc (read-only, plus the
+/bin /lib /sbin links), its own workspace, the shared venvs and the Claude binary read-only, and nothing
+else of the host. The workspace belongs to the sandbox uid; bwrap resolves bind sources as that uid, so
+the provider gives the directories above its root search permission (o+x, not listing).
 
-Ports: the sandbox shares the host network, so two sandboxes cannot both listen on 31000. Each sandbox gets
-a free host port, passed to every command as SWEFLOW_BLACKBOX_PORT (with SWEFLOW_BLACKBOX_HOST=127.0.0.1);
-the template's start command serves the blackbox there and `port_url(31000)` returns that URL. Any other
-port maps to itself.
+Network: none but loopback. A sandbox with a blackbox server or an egress gets one "holder" bwrap whose
+network namespace every command of the sandbox joins (nsenter as root, then the privilege drop): it runs
+the in-sandbox forwarders (`sweflow.blackbox.forward`) and then execs the server. The host reaches the
+server through `<sandbox>/run/blackbox.sock` (a host forwarder on a free 127.0.0.1 port is
+`port_url(31000)`); sandbox processes reach the egress at `egress_url` (loopback) which the forwarder
+pipes to `<sandbox>/run/egress.sock`, served by a host forwarder connected to the egress host:port
+(`sweflow.sandbox.egress`). Without server and egress each command gets a fresh empty network namespace.
+The blackbox token is in the server's environment only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import itertools
+import json
 import os
+import secrets
+import selectors
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -33,16 +48,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SandboxError
-from ..util import atomic_write_json, free_port, read_json, run_cmd, sha256_bytes, stable_json
-from .base import BLACKBOX_PORT, CommandResult, SandboxBase, TemplateRecord, tail
+from ..util import atomic_write_json, log, read_json, run_cmd, sha256_bytes, stable_json
+from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
+from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .images import CONDA_ACTIVATE, CONDA_BIN
 from .spec import CLAUDE_PATH, RUNTIME_DIR, TemplateSpec
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-# Host top-level entries not exposed to the sandbox (replaced or private).
-_HIDDEN = {"proc", "dev", "tmp", "opt", "root", "testbed", "sys", "home", "old_root", "lost+found"}
+SANDBOX_UID = 65534
+# Host top-level entries a sandbox gets (read-only): the system, nothing of /work, /root, /var, /run, ...
+_SYSTEM_DIRS = ("usr", "etc")
+_SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _PATH = "/opt/miniconda3/envs/testbed/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TIMEOUT_EXIT = 124
+TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
 
 
 def default_root() -> Path:
@@ -64,26 +83,68 @@ def _file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _bwrap_base() -> list[str]:
-    if shutil.which("bwrap") is None:
-        raise SandboxError("bubblewrap (bwrap) is not installed", hint="apt-get install bubblewrap")
-    args = [
-        "bwrap",
-        "--die-with-parent",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--hostname",
-        "sandbox",
-    ]
-    for entry in sorted(os.listdir("/")):
-        if entry not in _HIDDEN:
-            args += ["--ro-bind-try", f"/{entry}", f"/{entry}"]
-    return args + ["--dev", "/dev", "--proc", "/proc"]
+def _system_binds() -> list[str]:
+    """Read-only /usr and /etc, and /bin /lib ... as the host has them (symlinks or directories)."""
+    args: list[str] = []
+    for name in _SYSTEM_DIRS:
+        args += ["--ro-bind", f"/{name}", f"/{name}"]
+    for name in _SYSTEM_LINKS:
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", f"/{name}", f"/{name}"]
+    return args
+
+
+def _drop(uid: int) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+
+
+def _bwrap(uid: int, *, own_net: bool) -> list[str]:
+    """setpriv + unprivileged bwrap with every namespace but (when `own_net` is False) the network."""
+    args = _drop(uid) + ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    args += ["--unshare-cgroup-try"] + (["--unshare-net"] if own_net else [])
+    args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
+    return args + _system_binds() + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/var/tmp"]
+
+
+@functools.lru_cache(maxsize=8)
+def check_unprivileged(uid: int) -> None:
+    """Raise SandboxError (one line) unless uid `uid` can start an unprivileged bwrap with its namespaces."""
+    for tool, pkg in (("bwrap", "bubblewrap"), ("setpriv", "util-linux"), ("nsenter", "util-linux")):
+        if shutil.which(tool) is None:
+            raise SandboxError(f"{tool} is not installed", hint=f"apt-get install {pkg}")
+    res = run_cmd(_bwrap(uid, own_net=True) + ["--", "/bin/true"], timeout=60)
+    if res.returncode != 0:
+        why = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
+        raise SandboxError(
+            f"the kernel refuses unprivileged user namespaces for uid {uid} ({why}); the local sandbox needs them",
+            hint="set user.max_user_namespaces > 0 (and kernel.unprivileged_userns_clone=1 or the AppArmor"
+            " userns restriction off), or use the docker provider",
+        )
+
+
+def _searchable(path: Path) -> None:
+    """Give `path` and its ancestors search permission for others (bwrap resolves bind sources as the
+    sandbox uid); never read or write permission."""
+    for p in [path, *path.parents]:
+        with contextlib.suppress(OSError):
+            mode = p.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                os.chmod(p, stat.S_IMODE(mode) | stat.S_IXOTH)
+                log.info("local sandbox: added o+x to %s so the sandbox uid can reach its workspace", p)
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    res = run_cmd(["chown", "-R", "--no-dereference", f"{uid}:{uid}", str(path)], timeout=600)
+    if res.returncode != 0:
+        raise SandboxError(f"chown failed: {res.stderr.strip()}", file=str(path))
 
 
 class LocalProvider:
-    """Provider over prepared workspaces; options: templates_root, start_server, testbed_requirements."""
+    """Provider over prepared workspaces; options: templates_root, start_server, testbed_requirements,
+    sandbox_uid (the unprivileged uid and gid every sandbox runs as)."""
 
     name = "local"
 
@@ -93,10 +154,19 @@ class LocalProvider:
         *,
         start_server: bool = True,
         testbed_requirements: tuple[str, ...] = ("pytest",),
+        sandbox_uid: int = SANDBOX_UID,
     ) -> None:
         self.root = Path(templates_root) if templates_root else default_root()
         self.start_server = start_server
         self.testbed_requirements = tuple(testbed_requirements)
+        if int(sandbox_uid) == 0:
+            raise SandboxError("sandbox_uid must not be 0", field="sandbox_uid", hint="e.g. 65534")
+        self.uid = int(sandbox_uid)
+
+    def _prepare_root(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        _searchable(self.root)
+        check_unprivileged(self.uid)
 
     # ---- templates -------------------------------------------------------------------------------
     def template_dir(self, name: str) -> Path:
@@ -114,6 +184,7 @@ class LocalProvider:
         commit: str | None = None,
     ) -> TemplateRecord:
         """Prepare the workspace: testbed from `repo`@`commit` if given, else exported from the task image."""
+        self._prepare_root()
         tdir = self.template_dir(name)
         work = self.root / "_building" / f"{name}-{uuid.uuid4().hex[:8]}"
         work.mkdir(parents=True)
@@ -128,6 +199,10 @@ class LocalProvider:
                 source = {"image": spec.image}
             conda = self._shared_conda()
             runtime = self._shared_runtime(spec)
+            claude = Path(spec.claude_binary).resolve() if spec.claude_binary else None
+            if claude is not None:
+                _searchable(claude.parent)
+                claude.chmod(claude.stat().st_mode | 0o555)
             meta = {
                 "name": name,
                 "image": spec.image,
@@ -136,7 +211,7 @@ class LocalProvider:
                 "start_cmd": spec.start_cmd,
                 "conda": str(conda),
                 "runtime": str(runtime),
-                "claude": str(Path(spec.claude_binary).resolve()) if spec.claude_binary else "",
+                "claude": str(claude) if claude else "",
             }
             atomic_write_json(work / "template.json", meta)
             old = tdir.with_name(f".{name}.old-{uuid.uuid4().hex[:6]}")
@@ -172,7 +247,7 @@ class LocalProvider:
                 cmd += (
                     f" && /opt/miniconda3/envs/testbed/bin/pip install -q --disable-pip-version-check {reqs}"
                 )
-            _build_in_bwrap(cmd, {str(dest): "/opt/miniconda3"}, what="conda shim env")
+            self._build_in_bwrap(cmd, {str(dest): "/opt/miniconda3"}, what="conda shim env")
             (dest / ".ready").touch()
         return dest
 
@@ -184,9 +259,7 @@ class LocalProvider:
             wdir = self.root / "_shared" / "wheel"
             wdir.mkdir(parents=True, exist_ok=True)
             with _file_lock(self.root / "_shared" / ".wheel.lock"):
-                from ..util import read_json as _rj
-
-                cached = _rj(wdir / "wheel.json") if (wdir / "wheel.json").exists() else None
+                cached = read_json(wdir / "wheel.json") if (wdir / "wheel.json").exists() else None
                 info = build_wheel(wdir, cached=cached)
                 atomic_write_json(wdir / "wheel.json", info)
             wheel = wdir / info["path"]
@@ -199,14 +272,47 @@ class LocalProvider:
                 return dest
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir(parents=True)
-            whl = f"/opt/sweflow/wheel/{Path(wheel).name}"
-            cmd = (
-                f"{SYSTEM_PYTHON} -m venv {RUNTIME_DIR} && {RUNTIME_DIR}/bin/python -m pip install -q --no-deps"
-                f" --no-index --ignore-requires-python --disable-pip-version-check {whl}"
-            )
-            _build_in_bwrap(cmd, {str(dest): RUNTIME_DIR, str(wheel): whl}, what="runtime venv", ro={whl})
+            # the build runs as the sandbox uid: give it a readable copy of the wheel in its own folder
+            stage = Path(tempfile.mkdtemp(prefix=".wheel-", dir=self.root / "_shared"))
+            try:
+                shutil.copy2(wheel, stage / Path(wheel).name)
+                whl = f"/opt/sweflow/wheel/{Path(wheel).name}"
+                cmd = (
+                    f"{SYSTEM_PYTHON} -m venv {RUNTIME_DIR} && {RUNTIME_DIR}/bin/python -m pip install -q"
+                    f" --no-deps --no-index --ignore-requires-python --disable-pip-version-check {whl}"
+                )
+                self._build_in_bwrap(
+                    cmd, {str(dest): RUNTIME_DIR, str(stage): "/opt/sweflow/wheel"}, what="runtime venv",
+                    ro={"/opt/sweflow/wheel"},
+                )  # fmt: skip
+            finally:
+                shutil.rmtree(stage, ignore_errors=True)
             (dest / ".ready").touch()
         return dest
+
+    def _build_in_bwrap(
+        self, cmd: str, binds: dict[str, str], *, what: str, ro: set[str] = frozenset()
+    ) -> None:
+        """Run a build command (our code, with network for pip) as the sandbox uid under bwrap, with host
+        dirs bound at their in-sandbox paths (rw unless in `ro`); the results end up owned by root."""
+        shared = self.root / "_shared"
+        shared.mkdir(parents=True, exist_ok=True)
+        _searchable(shared)
+        with tempfile.TemporaryDirectory(prefix=".home-", dir=shared) as home:
+            os.chmod(home, 0o700)
+            for path in [home, *binds]:
+                _searchable(Path(path))
+                _chown_tree(Path(path), self.uid)
+            args = _bwrap(self.uid, own_net=False) + ["--tmpfs", "/tmp", "--bind", home, "/root"]
+            args += ["--tmpfs", "/opt"]
+            for src, dst in binds.items():
+                args += ["--ro-bind" if dst in ro else "--bind", src, dst]
+            args += ["--setenv", "HOME", "/root", "--", "/bin/bash", "-c", cmd]
+            res = run_cmd(args, timeout=900)
+            for src in binds:
+                _chown_tree(Path(src), 0)  # sandboxes get these read-only, and not as their owner
+        if res.returncode != 0:
+            raise SandboxError(f"building the {what} failed: {(res.stderr or res.stdout).strip()[-400:]}")
 
     # ---- sandboxes -------------------------------------------------------------------------------
     def create(
@@ -216,6 +322,7 @@ class LocalProvider:
         timeout: float,
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
+        egress: str | None = None,
     ) -> LocalSandbox:
         """Copy the template's workspace into a fresh sandbox and (by default) start its server."""
         tdir = self.template_dir(template)
@@ -223,14 +330,13 @@ class LocalProvider:
             raise SandboxError(
                 "local template not built", file=str(tdir), row=template, hint="run build_template"
             )
+        self._prepare_root()
         meta = read_json(tdir / "template.json")
-        sb = LocalSandbox(self, template, meta, timeout=timeout, env=env or {}, metadata=metadata or {})
-        try:
-            if self.start_server and meta.get("start_cmd"):
-                sb.server = sb.start(meta["start_cmd"])
-        except BaseException:
-            sb.kill()
-            raise
+        server = meta.get("start_cmd", "") if self.start_server else ""
+        sb = LocalSandbox(
+            self, template, meta, timeout=timeout, env=env or {}, metadata=metadata or {}, egress=egress,
+            server=server,
+        )  # fmt: skip
         return sb
 
 
@@ -265,44 +371,110 @@ class LocalSandbox(SandboxBase):
         timeout: float,
         env: dict[str, str],
         metadata: dict[str, str],
+        egress: str | None = None,
+        server: str = "",
     ) -> None:
         sid = f"local-{uuid.uuid4().hex[:12]}"
         super().__init__(sid, template)
         self.metadata = dict(metadata)
         self.meta = meta
-        self.dir = provider.root / "_sandboxes" / sid
-        self.blackbox_port = free_port()
+        self.uid = provider.uid
+        self.blackbox_token = secrets.token_urlsafe(32)
+        self.egress_url: str | None = None
         self.server: _LocalBackground | None = None
+        self.routes: Routes | None = None
+        self._holder: _LocalBackground | None = None
+        self._netns: int | None = None
         self._procs: list[subprocess.Popen] = []
         self._plock = threading.Lock()
         self._bg_ids = itertools.count()
-        for sub in ("tmp", "home", "bg"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        res = run_cmd(
-            ["cp", "-a", str(provider.template_dir(template) / "testbed"), str(self.dir / "testbed")],
-            timeout=600,
-        )
-        if res.returncode != 0:
-            shutil.rmtree(self.dir, ignore_errors=True)
-            raise SandboxError(f"copying the workspace failed: {res.stderr.strip()}", file=template, row=sid)
-        self.env = {
-            "PATH": _PATH,
-            "HOME": "/root",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "SWEFLOW_BLACKBOX_PORT": str(self.blackbox_port),
-            "SWEFLOW_BLACKBOX_HOST": "127.0.0.1",
-        }
-        self.env.update(env)
+        sandboxes = provider.root / "_sandboxes"
+        sandboxes.mkdir(parents=True, exist_ok=True)
+        os.chmod(sandboxes, 0o711)
+        self.dir = sandboxes / sid
+        self.dir.mkdir(mode=0o711)
         self._timer = threading.Timer(timeout, self.kill)
         self._timer.daemon = True
+        try:
+            for sub in ("tmp", "home", "run"):
+                (self.dir / sub).mkdir(mode=0o700)
+                os.chown(self.dir / sub, self.uid, self.uid)
+            (self.dir / "bg").mkdir(mode=0o700)  # host-only: never bound into the sandbox
+            res = run_cmd(
+                ["cp", "-a", str(provider.template_dir(template) / "testbed"), str(self.dir / "testbed")],
+                timeout=600,
+            )
+            if res.returncode != 0:
+                raise SandboxError(
+                    f"copying the workspace failed: {res.stderr.strip()}", file=template, row=sid
+                )
+            _chown_tree(self.dir / "testbed", self.uid)
+            self.env = {"PATH": _PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
+            self.env.update(env)
+            if server or egress:
+                self._start_holder(server, egress)
+        except BaseException:
+            self.kill()
+            raise
         self._timer.start()
 
     # ---- plumbing --------------------------------------------------------------------------------
-    def _argv(self, cmd: list[str], env: dict[str, str] | None, cwd: str | None) -> list[str]:
-        args = _bwrap_base() + [
+    def _start_holder(self, server: str, egress: str | None) -> None:
+        """The bwrap whose network namespace the sandbox's commands share: forwarders, then the server."""
+        self.routes = Routes(self.dir / "run", egress=egress, blackbox=bool(server))
+        eport = inside_egress_port(egress, BLACKBOX_PORT) if egress else None
+        if eport:
+            self.egress_url = f"http://127.0.0.1:{eport}"
+        python = f"{RUNTIME_DIR}/bin/python"
+        fwd = inside_forwarders(python, egress_port=eport, blackbox_port=BLACKBOX_PORT if server else None)
+        script = f"{fwd}\n" + (
+            f"exec /bin/bash -c {shlex.quote(server)}" if server else "exec sleep infinity"
+        )
+        r, w = os.pipe()
+        try:
+            env = {TOKEN_ENV: self.blackbox_token} if server else {}
+            argv = self._argv(["/bin/bash", "-c", script], env, None, extra=["--info-fd", str(w)])
+            self._holder = self._spawn_bg(argv, pass_fds=(w,))
+            os.close(w)
+            w = -1
+            info = _read_all(r, 30)
+        finally:
+            os.close(r)
+            if w >= 0:
+                os.close(w)
+        try:
+            child = json.loads(info)["child-pid"]
+            self._netns = os.open(f"/proc/{child}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except (ValueError, KeyError, OSError) as exc:
+            res = self._holder.poll()
+            why = (res.stderr if res else "").strip()[-300:] or str(exc)
+            raise SandboxError(
+                f"the sandbox's server did not start: {why}", file=self.template, row=self.id
+            ) from exc
+        if server:
+            self.server = self._holder
+
+    def _argv(
+        self, cmd: list[str], env: dict[str, str] | None, cwd: str | None, *, extra: list[str] = ()
+    ) -> list[str]:
+        join = self._netns is not None
+        prefix: list[str] = []
+        if join:
+            # as root: enter the holder's network namespace, close its fd, then drop privileges.
+            fd = self._netns
+            prefix = [
+                "nsenter",
+                f"--net=/proc/self/fd/{fd}",
+                "--",
+                "/bin/bash",
+                "-c",
+                f'exec {fd}>&-; exec "$@"',
+                "sh",
+            ]
+        args = prefix + _bwrap(self.uid, own_net=not join) + [
             "--bind", str(self.dir / "tmp"), "/tmp",
             "--bind", str(self.dir / "home"), "/root",
+            "--bind", str(self.dir / "run"), SOCKET_DIR,
             "--tmpfs", "/opt",
             "--ro-bind", self.meta["conda"], "/opt/miniconda3",
             "--ro-bind", self.meta["runtime"], RUNTIME_DIR,
@@ -310,17 +482,24 @@ class LocalSandbox(SandboxBase):
         ]  # fmt: skip
         if self.meta.get("claude"):
             args += ["--tmpfs", str(Path(CLAUDE_PATH).parent), "--ro-bind", self.meta["claude"], CLAUDE_PATH]
-        args += ["--chdir", cwd or "/testbed", "--clearenv"]
+        args += list(extra) + ["--chdir", cwd or "/testbed", "--clearenv"]
         for k, v in {**self.env, **(env or {})}.items():
             args += ["--setenv", k, v]
-        return args + cmd
+        return args + ["--"] + cmd
 
-    def _popen(self, argv: list[str], **kw: Any) -> subprocess.Popen:
+    def _popen(self, argv: list[str], pass_fds: tuple[int, ...] = (), **kw: Any) -> subprocess.Popen:
         self._check_alive()
+        if self._netns is not None:
+            pass_fds = (*pass_fds, self._netns)
         with self._plock:
-            proc = subprocess.Popen(argv, start_new_session=True, **kw)
+            proc = subprocess.Popen(argv, start_new_session=True, pass_fds=pass_fds, **kw)
             self._procs.append(proc)
         return proc
+
+    def _forget(self, proc: subprocess.Popen) -> None:
+        with self._plock:
+            if proc in self._procs:
+                self._procs.remove(proc)
 
     def _exec(
         self, cmd: list[str], *, timeout: float, env=None, cwd=None, input: bytes | None = None
@@ -340,9 +519,14 @@ class LocalSandbox(SandboxBase):
             out, err = proc.communicate()
             return TIMEOUT_EXIT, out, err, True, time.monotonic() - t0
         finally:
-            with self._plock:
-                if proc in self._procs:
-                    self._procs.remove(proc)
+            self._forget(proc)
+
+    def _spawn_bg(self, argv: list[str], pass_fds: tuple[int, ...] = ()) -> _LocalBackground:
+        n = next(self._bg_ids)
+        out, err = self.dir / "bg" / f"{n}.out", self.dir / "bg" / f"{n}.err"
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            proc = self._popen(argv, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe)
+        return _LocalBackground(proc, out, err, time.monotonic())
 
     # ---- Sandbox API -----------------------------------------------------------------------------
     def run(self, cmd: str, *, timeout: float, env=None, cwd=None) -> CommandResult:
@@ -352,14 +536,44 @@ class LocalSandbox(SandboxBase):
             rc, tail(out.decode("utf-8", "replace")), tail(err.decode("utf-8", "replace")), timed_out, dur
         )
 
+    def run_logged(
+        self,
+        cmd: str,
+        log_path: str,
+        *,
+        timeout: float,
+        env=None,
+        cwd=None,
+        max_bytes: int = LOGGED_MAX_BYTES,
+    ) -> CommandResult:
+        """Run `cmd` with stdout+stderr piped to the host file `log_path`; exit code = bwrap's (the command's).
+
+        The command's pid namespace dies with it, so nothing it started outlives the call or writes later.
+        """
+        t0 = time.monotonic()
+        proc = self._popen(
+            self._argv(["/bin/bash", "-c", cmd], env, cwd),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        sink = _LogSink(log_path, max_bytes)
+        reader = threading.Thread(target=sink.drain, args=(proc.stdout,), daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc, timed_out = TIMEOUT_EXIT, True
+        finally:
+            self._forget(proc)
+        reader.join(30)
+        sink.close()
+        return CommandResult(rc, "", "", timed_out, time.monotonic() - t0)
+
     def start(self, cmd: str, *, env=None, cwd=None) -> _LocalBackground:
-        n = next(self._bg_ids)
-        out, err = self.dir / "bg" / f"{n}.out", self.dir / "bg" / f"{n}.err"
-        with open(out, "wb") as fo, open(err, "wb") as fe:
-            proc = self._popen(
-                self._argv(["/bin/bash", "-c", cmd], env, cwd), stdin=subprocess.DEVNULL, stdout=fo, stderr=fe
-            )
-        return _LocalBackground(proc, out, err, time.monotonic())
+        return self._spawn_bg(self._argv(["/bin/bash", "-c", cmd], env, cwd))
 
     def write_file(self, path: str, data: bytes | str, *, timeout: float = 60) -> None:
         payload = data.encode("utf-8") if isinstance(data, str) else data
@@ -381,7 +595,19 @@ class LocalSandbox(SandboxBase):
         return out
 
     def port_url(self, port: int) -> str:
-        return f"http://127.0.0.1:{self.blackbox_port if port == BLACKBOX_PORT else port}"
+        """The host URL of the sandbox's blackbox server (only port 31000 is reachable from the host)."""
+        if port != BLACKBOX_PORT or self.routes is None or self.routes.blackbox_port is None:
+            raise SandboxError(
+                f"port {port} of a local sandbox is not reachable from the host",
+                file=self.template,
+                row=self.id,
+                hint=f"only the blackbox server (:{BLACKBOX_PORT}, start_server=True) is forwarded",
+            )
+        return f"http://127.0.0.1:{self.routes.blackbox_port}"
+
+    @property
+    def blackbox_port(self) -> int | None:
+        return self.routes.blackbox_port if self.routes else None
 
     def _kill(self) -> None:
         self._timer.cancel()
@@ -389,10 +615,74 @@ class LocalSandbox(SandboxBase):
             procs, self._procs = list(self._procs), []
         for p in procs:
             _kill_group(p)
+        if self.routes is not None:
+            self.routes.close()
+        if self._netns is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._netns)
+            self._netns = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
+class _LogSink:
+    """Appends a pipe's bytes to a host file, at most `max_bytes` of them, then one truncation note."""
+
+    def __init__(self, path: str | os.PathLike, max_bytes: int) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path, "ab")  # noqa: SIM115 - closed in close()
+        self.left = max_bytes
+        self.cut = False
+        self.lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self.lock:
+            if self.fh is None or self.cut:
+                return
+            if len(data) > self.left:
+                self.fh.write(data[: self.left])
+                self.fh.write(b"\n[sweflow: log truncated: output past the byte limit was dropped]\n")
+                self.cut = True
+                self.left = 0
+            else:
+                self.fh.write(data)
+                self.left -= len(data)
+            self.fh.flush()
+
+    def drain(self, pipe: Any) -> None:
+        fd = pipe.fileno()
+        try:
+            while chunk := os.read(fd, 65536):
+                self.write(chunk)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.fh is not None:
+                self.fh.close()
+                self.fh = None
+
+
+def _read_all(fd: int, timeout: float) -> bytes:
+    """Read a pipe to EOF within `timeout` seconds (bwrap's --info-fd)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not sel.select(left):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -409,20 +699,6 @@ def _read_tail(path: Path, limit: int = 64_000) -> str:
             return tail(fh.read().decode("utf-8", "replace"), limit)
     except FileNotFoundError:
         return ""
-
-
-def _build_in_bwrap(cmd: str, binds: dict[str, str], *, what: str, ro: set[str] = frozenset()) -> None:
-    """Run a build command under bwrap with host dirs bound (rw unless in `ro`) at their in-sandbox paths."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="sweflow-bwrap-") as home:
-        args = _bwrap_base() + ["--tmpfs", "/tmp", "--bind", home, "/root", "--tmpfs", "/opt"]
-        for src, dst in binds.items():
-            args += ["--ro-bind" if dst in ro else "--bind", src, dst]
-        args += ["--setenv", "HOME", "/root", "/bin/bash", "-c", cmd]
-        res = run_cmd(args, timeout=900)
-    if res.returncode != 0:
-        raise SandboxError(f"building the {what} failed: {(res.stderr or res.stdout).strip()[-400:]}")
 
 
 def _clone_at(repo: Path, commit: str, dest: Path) -> None:

@@ -151,7 +151,9 @@ def test_server_port_mapping_and_smoke(local):
     provider, template, _ = local
     with provider.create(template, timeout=120) as sb:
         url = sb.port_url(BLACKBOX_PORT)
-        assert url == f"http://127.0.0.1:{sb.blackbox_port}" and sb.port_url(8080) == "http://127.0.0.1:8080"
+        assert url == f"http://127.0.0.1:{sb.blackbox_port}"
+        with pytest.raises(SandboxError, match="not reachable from the host"):
+            sb.port_url(8080)  # only the blackbox server is forwarded
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -162,6 +164,13 @@ def test_server_port_mapping_and_smoke(local):
                 assert time.monotonic() < deadline, sb.server.poll()
                 time.sleep(0.2)
         assert health["healthy"] is True
+        # the server demands the sandbox's token (it got it in its own environment only)
+        req = urllib.request.Request(
+            url + "/v1/status", headers={"Authorization": f"Bearer {sb.blackbox_token}"}
+        )
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert "version" in json.loads(resp.read())
+        assert "SWEFLOW_BLACKBOX_TOKEN" not in sb.run("env", timeout=10).stdout
     result = smoke(provider, template)
     assert result["ok"] and result["template"] == template and result["host_reachable"]
     assert result["version"] == health["version"] and "version" in result["status_keys"]

@@ -1,0 +1,85 @@
+"""Host side of a network-less sandbox's two routes, through its socket folder (bound at /run/sweflow inside).
+
+- in:  host 127.0.0.1:<free port>  ->  <folder>/blackbox.sock  (an in-sandbox forwarder pipes it to :31000)
+- out: <folder>/egress.sock        ->  the one egress host:port (an in-sandbox forwarder listens on loopback)
+
+The byte pumping is `sweflow.blackbox.forward.Forwarder`, the same code that runs inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..blackbox.forward import Forwarder
+from ..errors import SandboxError
+
+SOCKET_DIR = "/run/sweflow"  # where the socket folder appears inside a sandbox
+BLACKBOX_SOCK = "blackbox.sock"
+EGRESS_SOCK = "egress.sock"
+
+
+def split_egress(egress: str) -> tuple[str, int]:
+    """'host:port' -> (host, port); raises SandboxError naming the bad value."""
+    host, _, port = egress.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SandboxError(f"bad egress {egress!r}", field="egress", hint="host:port, e.g. 127.0.0.1:8000")
+    return host.strip("[]"), int(port)
+
+
+def inside_egress_port(egress: str, reserved: int) -> int:
+    """The loopback port at which the egress appears inside: its own port, unless that one is taken."""
+    port = split_egress(egress)[1]
+    return port if port != reserved else port + 1
+
+
+class Routes:
+    """The host-side forwarders of one sandbox; `close()` tears both down (idempotent)."""
+
+    def __init__(self, folder: str | Path, *, egress: str | None, blackbox: bool = True) -> None:
+        self.folder = Path(folder)
+        self.egress: Forwarder | None = None
+        self.blackbox: Forwarder | None = None
+        # Unix socket paths are limited to 108 bytes; reach the folder through a short /proc/self/fd path.
+        self._dirfd: int | None = os.open(self.folder, os.O_PATH | os.O_DIRECTORY)
+        short = f"/proc/self/fd/{self._dirfd}"
+        try:
+            if egress:
+                host, port = split_egress(egress)
+                # 0666: the sandbox user (not root) must be able to connect; the folder itself is private.
+                self.egress = Forwarder(
+                    f"unix:{short}/{EGRESS_SOCK}", f"tcp:{host}:{port}", mode=0o666
+                ).start()
+            if blackbox:
+                self.blackbox = Forwarder("tcp:127.0.0.1:0", f"unix:{short}/{BLACKBOX_SOCK}").start()
+        except OSError as exc:
+            self.close()
+            raise SandboxError(f"cannot set up the sandbox routes: {exc}", file=str(self.folder)) from exc
+
+    @property
+    def blackbox_port(self) -> int | None:
+        return self.blackbox.address[1] if self.blackbox else None
+
+    def close(self) -> None:
+        for fwd in (self.egress, self.blackbox):
+            if fwd is not None:
+                fwd.close()
+        if self._dirfd is not None:
+            os.close(self._dirfd)
+            self._dirfd = None
+
+
+def inside_forwarders(python: str, *, egress_port: int | None, blackbox_port: int | None) -> str:
+    """Shell lines (background jobs) that start the in-sandbox forwarders with `python`."""
+    # env -u: the forwarders never hold the blackbox token (it is meant for the server alone).
+    fwd = f"env -u SWEFLOW_BLACKBOX_TOKEN {python} -m sweflow.blackbox.forward"
+    lines = []
+    if blackbox_port:
+        lines.append(
+            f"{fwd} --listen unix:{SOCKET_DIR}/{BLACKBOX_SOCK} --connect tcp:127.0.0.1:{blackbox_port} &"
+        )
+    if egress_port:
+        lines.append(
+            f"{fwd} --listen tcp:127.0.0.1:{egress_port} --connect unix:{SOCKET_DIR}/{EGRESS_SOCK} &"
+        )
+    return "\n".join(lines)
