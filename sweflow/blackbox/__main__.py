@@ -1,4 +1,8 @@
-"""`python -m sweflow.blackbox --host 0.0.0.0 --port 31000`: serve until interrupted."""
+"""`python -m sweflow.blackbox --host 0.0.0.0 --port 31000`: serve until interrupted.
+
+The token every route but /health demands comes from $SWEFLOW_BLACKBOX_TOKEN, the file named by
+$SWEFLOW_BLACKBOX_TOKEN_FILE, or /run/sweflow/blackbox.token (see sweflow.blackbox.server).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,18 @@ def _raise_interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+def _not_dumpable() -> None:
+    """Make /proc/<pid>/environ and /proc/<pid>/mem of this process unreadable to same-uid processes (the
+    agent): the token stays in the initial environment block even after os.environ forgets it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0; children are dumpable again after execve
+    except (OSError, AttributeError):
+        pass  # not Linux: nothing to harden
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweflow.blackbox", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0")
@@ -35,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=__version__)
     args = parser.parse_args(argv)
+    _not_dumpable()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = BlackboxServer(
         args.host,

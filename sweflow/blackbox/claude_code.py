@@ -2,7 +2,7 @@
 
 One `ClaudeCodeAgent` per blackbox session. Each turn runs the CLI headless in the session's working
 directory with a scratch HOME under the runtime directory, routes the model traffic to the registered
-router URL with the session id as bearer token, and parses the stream-json lines into outputs. Later turns
+router URL with the registered router token (the proxy's per-session secret) as bearer, and parses the stream-json lines into outputs. Later turns
 resume the same Claude conversation (`--resume <uuid>`; the uuid is fixed on the first turn with
 `--session-id`). Standard library only.
 """
@@ -31,6 +31,7 @@ MAX_EVENT_LINE_CHARS = 2_000_000
 # Inherited variables the agent must never see: credentials, and markers of an enclosing Claude Code.
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
 _DROP_PREFIXES = ("ANTHROPIC_", "CLAUDE_CODE_", "CLAUDECODE", "CLAUDE_CONFIG_DIR")
+_BLACKBOX_SECRET_PREFIX = "SWEFLOW_BLACKBOX_TOKEN"  # the server's own token: never for the agent
 
 # Option name -> accepted aliases (converters spell a few of these differently).
 _ALIASES = {
@@ -203,20 +204,23 @@ def build_env(
     *,
     home: str,
     router_url: str,
-    session_id: str,
+    router_token: str,
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The agent's environment: inherited minus credentials, plus routing and quiet-mode switches."""
+    """The agent's environment: inherited minus credentials, plus routing and quiet-mode switches.
+
+    `router_token` becomes ANTHROPIC_AUTH_TOKEN (the agent's only credential: its proxy session's secret).
+    """
     base = dict(os.environ if base is None else base)
     env = {k: v for k, v in base.items() if not k.startswith(_DROP_PREFIXES) and not _SECRET_NAME.search(k)}
-    env.update(opts.env)
+    env.update({k: v for k, v in opts.env.items() if not k.startswith(_BLACKBOX_SECRET_PREFIX)})
     env.update(
         {
             "HOME": home,
             "XDG_CONFIG_HOME": os.path.join(home, ".config"),
             "XDG_CACHE_HOME": os.path.join(home, ".cache"),
             "ANTHROPIC_BASE_URL": router_url.rstrip("/"),
-            "ANTHROPIC_AUTH_TOKEN": session_id,
+            "ANTHROPIC_AUTH_TOKEN": router_token,
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_TELEMETRY": "1",
@@ -268,10 +272,12 @@ class ClaudeCodeAgent:
         router_url: str,
         runtime_dir: str,
         binary: str | None = None,
+        router_token: str | None = None,
     ) -> None:
         self.opts = opts
         self.session_id = session_id
         self.router_url = router_url
+        self._router_token = router_token or session_id
         self.home = os.path.join(runtime_dir, "home")
         self.binary = resolve_binary(opts.binary, binary)
         self.claude_session = str(uuid.uuid4())
@@ -325,7 +331,9 @@ class ClaudeCodeAgent:
             resume=self.has_transcript(),
             prompt=None,
         )
-        env = build_env(self.opts, home=self.home, router_url=self.router_url, session_id=self.session_id)
+        env = build_env(
+            self.opts, home=self.home, router_url=self.router_url, router_token=self._router_token
+        )
         try:
             proc = GroupProcess(
                 argv,

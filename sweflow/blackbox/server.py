@@ -4,12 +4,23 @@ Routes: GET /health, GET /v1/status, POST /v1/rollout/register, POST /v1/session
 POST /v1/sessions/{id}/execute_cmd, GET /v1/sessions/{id}[?tail=N&since=I&events=0],
 POST /v1/sessions/{id}/abort, POST /v1/sessions/{id}/close (also DELETE /v1/sessions/{id}).
 Errors are `{"error": {"type", "message", ...}}`. Standard library only.
+
+Authentication: every route but GET /health needs `Authorization: Bearer <token>`, the per-sandbox secret
+(401 without it or with a wrong one, before any routing, so an unauthenticated caller learns nothing).
+The token comes from the constructor, else $SWEFLOW_BLACKBOX_TOKEN (removed from os.environ once read),
+else the file named by $SWEFLOW_BLACKBOX_TOKEN_FILE, else /run/sweflow/blackbox.token; a file is read on
+each request until it holds a token (on E2B it is written after the server started). With no token
+anywhere every route but /health answers 503. Bodies: a bad or oversized Content-Length is refused at
+once (400/413, connection closed); reads time out after `read_timeout` seconds of silence.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +32,57 @@ from .sessions import ApiError, SessionManager, check_id
 
 log = logging.getLogger("sweflow.blackbox")
 MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_JSON_DEPTH = 64
 DEFAULT_RUNTIME_DIR = "/tmp/sweflow-bbs"
+TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
+TOKEN_FILE_ENV = "SWEFLOW_BLACKBOX_TOKEN_FILE"
+DEFAULT_TOKEN_FILE = "/run/sweflow/blackbox.token"
+READ_TIMEOUT_S = 10.0
+# After refusing a request whose body was not read, drain what the client already sent for this long so
+# closing the socket does not reset the connection before the client has read our answer.
+_LINGER_S = 0.5
+_LINGER_BYTES = 1 << 20
+
+
+class TokenSource:
+    """The server's secret: given, or from the environment, or read from a file once it holds one."""
+
+    def __init__(self, token: str | None = None, token_file: str | None = None) -> None:
+        env_token = os.environ.pop(TOKEN_ENV, None)
+        env_file = os.environ.pop(TOKEN_FILE_ENV, None)
+        self._token = token or env_token or None
+        self._file = token_file or env_file or DEFAULT_TOKEN_FILE
+        self._lock = threading.Lock()
+
+    def get(self) -> str | None:
+        """The token, or None while none is configured (the file is re-read until it holds one)."""
+        if self._token:
+            return self._token
+        try:
+            with open(self._file, encoding="utf-8") as fh:
+                value = fh.read(4096).strip()
+        except OSError:
+            return None
+        with self._lock:
+            if value and not self._token:
+                self._token = value
+        return self._token
+
+    def check(self, header: str | None) -> None:
+        """Raise ApiError 503 (no token configured) or 401 (missing/wrong bearer token)."""
+        token = self.get()
+        if not token:
+            raise ApiError(
+                503,
+                "not_configured",
+                f"blackbox has no token yet: set ${TOKEN_ENV} or ${TOKEN_FILE_ENV}, or write "
+                f"{DEFAULT_TOKEN_FILE}",
+            )
+        scheme, _, given = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode("utf-8", "replace"), token.encode("utf-8")
+        ):
+            raise ApiError(401, "unauthorized", "send Authorization: Bearer <the sandbox's blackbox token>")
 
 
 class BlackboxServer:
@@ -37,7 +98,12 @@ class BlackboxServer:
         agent_binary: str | None = None,
         default_turn_timeout: float = 3600.0,
         default_workdir: str | None = None,
+        token: str | None = None,
+        token_file: str | None = None,
+        read_timeout: float = READ_TIMEOUT_S,
     ) -> None:
+        self.auth = TokenSource(token, token_file)
+        self.read_timeout = read_timeout
         self.manager = SessionManager(
             runtime_dir=runtime_dir,
             max_sessions=max_sessions,
@@ -110,12 +176,28 @@ def _int_param(query: dict[str, list[str]], key: str) -> int | None:
     return value
 
 
+def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON nests at most `limit` containers deep (checked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return False
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return True
+
+
 def _make_handler(server: BlackboxServer) -> type[BaseHTTPRequestHandler]:
     manager = server.manager
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = f"sweflow-blackbox/{__version__}"
+        # Socket timeout for every read (headers and body): a client that stops sending is dropped.
+        timeout = server.read_timeout
+        _unread_body = False
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             log.debug("%s %s", self.address_string(), format % args)
@@ -126,49 +208,94 @@ def _make_handler(server: BlackboxServer) -> type[BaseHTTPRequestHandler]:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                if self._unread_body:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
                 self.end_headers()
                 self.wfile.write(data)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up (e.g. its own timeout); nothing to tell it
+                if self._unread_body:
+                    self._linger()
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                self.close_connection = True  # the client gave up (e.g. its own timeout)
+
+        def _linger(self) -> None:
+            """Half-close, then discard what the client still sends for a moment (see _LINGER_S)."""
+            try:
+                self.connection.shutdown(socket.SHUT_WR)
+                self.connection.settimeout(_LINGER_S)
+                deadline, got = time.monotonic() + _LINGER_S, 0
+                while got < _LINGER_BYTES and time.monotonic() < deadline:
+                    chunk = self.connection.recv(65536)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+            except OSError:
+                pass
 
         def _body(self) -> dict[str, Any]:
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                raise ApiError(400, "invalid_request", "bad Content-Length") from None
+            if self.headers.get("Transfer-Encoding"):
+                self._unread_body = True
+                raise ApiError(411, "invalid_request", "send a Content-Length (chunked bodies are refused)")
+            raw_length = (self.headers.get("Content-Length") or "0").strip()
+            if not raw_length.isdigit():  # also refuses "-1", "+5" and "1e3"
+                self._unread_body = True
+                raise ApiError(400, "invalid_request", "bad Content-Length: expected a non-negative integer")
+            length = int(raw_length)
             if length > MAX_BODY_BYTES:
+                self._unread_body = True
                 raise ApiError(413, "too_large", f"body of {length} bytes exceeds {MAX_BODY_BYTES}")
-            raw = self.rfile.read(length) if length else b""
+            try:
+                raw = self.rfile.read(length) if length else b""
+            except TimeoutError:
+                self._unread_body = True
+                raise ApiError(
+                    400, "invalid_request", f"body incomplete: Content-Length {length}, read timed out"
+                ) from None
+            if len(raw) < length:
+                self.close_connection = True
+                raise ApiError(400, "invalid_request", f"body incomplete: got {len(raw)} of {length} bytes")
             if not raw.strip():
                 return {}
             try:
                 body = json.loads(raw)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
             if not isinstance(body, dict):
                 raise ApiError(400, "invalid_json", "request body must be a JSON object")
+            if not json_depth_ok(body):
+                raise ApiError(400, "invalid_json", f"request body nests deeper than {MAX_JSON_DEPTH}")
             return body
 
         def _dispatch(self, method: str) -> None:
             url = urlsplit(self.path)
             path = url.path.rstrip("/") or "/"
+            self._unread_body = method in ("POST", "DELETE")
             try:
-                # Read the body first so a keep-alive connection stays in sync even when we refuse.
-                body = self._body() if method in ("POST", "DELETE") else {}
-                status, answer = self._route(method, path, parse_qs(url.query), body)
+                if path == "/health" and method == "GET":
+                    self._unread_body = False
+                    status, answer = 200, self._health()
+                else:
+                    server.auth.check(self.headers.get("Authorization"))
+                    # Read the body before routing so a keep-alive connection stays in sync on a refusal.
+                    body = {}
+                    if method in ("POST", "DELETE"):
+                        body = self._body()
+                        self._unread_body = False
+                    status, answer = self._route(method, path, parse_qs(url.query), body)
             except ApiError as err:
                 status, answer = err.status, err.body()
             except Exception as exc:  # a bug must still answer JSON, not drop the connection
-                log.exception("unhandled error on %s %s", method, self.path)
+                log.exception("unhandled error on %s %s", method, url.path)
                 status, answer = (
                     500,
                     {"error": {"type": "internal", "message": f"{type(exc).__name__}: {exc}"}},
                 )
             self._reply(status, answer)
 
+        def _health(self) -> dict[str, Any]:
+            return {"healthy": True, "version": __version__, "token_configured": bool(server.auth.get())}
+
         def _route(self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]):
-            if path == "/health" and method == "GET":
-                return 200, {"healthy": True, "version": __version__}
             if path == "/v1/status" and method == "GET":
                 return 200, server.status()
             if path == "/v1/rollout/register" and method == "POST":

@@ -17,6 +17,9 @@ from typing import Any
 from .claude_code import ClaudeCodeAgent, ClaudeCodeOptions, OptionError
 from .procs import run_command
 
+# The blackbox's own secret (and where it is kept) never reaches a child process.
+SECRET_ENV_PREFIX = "SWEFLOW_BLACKBOX_TOKEN"
+
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 AGENT_TYPES = ("claude_code",)
 DEFAULT_TURN_TIMEOUT = 3600.0
@@ -73,6 +76,12 @@ def positive_number(body: dict[str, Any], key: str, default: float | None) -> fl
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ApiError(400, "invalid_request", f"{key}: expected a positive number of seconds")
     return float(value)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a command: ours plus `extra`, without the blackbox token variables."""
+    env = {**os.environ, **(extra or {})}
+    return {k: v for k, v in env.items() if not k.startswith(SECRET_ENV_PREFIX)}
 
 
 @dataclass
@@ -207,9 +216,7 @@ class Session:
             self.commands_running += 1
             self._cancels.append(cancel)
         try:
-            result = run_command(
-                cmd, cwd=cwd, env={**os.environ, **extra_env}, timeout=timeout, cancel=cancel
-            )
+            result = run_command(cmd, cwd=cwd, env=child_env(extra_env), timeout=timeout, cancel=cancel)
         except OSError as exc:
             raise ApiError(500, "command_failed", f"cannot start bash: {exc}") from exc
         finally:
@@ -277,7 +284,11 @@ class SessionManager:
         self.lock = threading.Lock()
 
     def register(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Create a session; the same body again answers the same; a conflicting one raises ApiError 409."""
+        """Create a session; the same body again answers the same; a conflicting one raises ApiError 409.
+
+        `router_token` is the agent's bearer credential at `router_url` (the proxy's per-session token;
+        default: the session id, which the sweflow proxy refuses). It is never echoed back.
+        """
         agent_type = body.get("agent_type")
         if agent_type not in AGENT_TYPES:
             raise ApiError(
@@ -292,6 +303,9 @@ class SessionManager:
         router_url = body.get("router_url")
         if not isinstance(router_url, str) or not router_url.startswith(("http://", "https://")):
             raise ApiError(400, "invalid_request", "router_url: expected an http(s) URL")
+        router_token = body.get("router_token", session_id)
+        if not isinstance(router_token, str) or not router_token or len(router_token) > 4096:
+            raise ApiError(400, "invalid_request", "router_token: expected a non-empty string")
         key = json.dumps(body, sort_keys=True)
         with self.lock:
             existing = self.sessions.get(session_id)
@@ -319,6 +333,7 @@ class SessionManager:
                 opts,
                 session_id=session_id,
                 router_url=router_url,
+                router_token=router_token,
                 runtime_dir=runtime,
                 binary=self.agent_binary,
             )

@@ -36,7 +36,7 @@ def test_options_aliases_switches_and_ignored_keys(tmp_path):
     assert argv[argv.index("--session-id") + 1] == "u-1" and "--resume" not in argv
     resumed = build_argv("claude", opts, claude_session="u-1", resume=True, prompt="hi")
     assert resumed[:3] == ["claude", "-p", "hi"] and resumed[resumed.index("--resume") + 1] == "u-1"
-    env = build_env(opts, home="/h", router_url="http://r:1/", session_id="s", base={"PATH": "/bin"})
+    env = build_env(opts, home="/h", router_url="http://r:1/", router_token="t", base={"PATH": "/bin"})
     assert env["DISABLE_PROMPT_CACHING"] == "1" and env["DISABLE_COMPACT"] == "1"
     assert env["CLAUDE_CODE_MAX_RETRIES"] == "0" and env["API_TIMEOUT_MS"] == "600000"
     assert env["ANTHROPIC_BASE_URL"] == "http://r:1" and env["PATH"] == "/bin"
@@ -44,7 +44,11 @@ def test_options_aliases_switches_and_ignored_keys(tmp_path):
 
 def test_env_drops_inherited_credentials_but_keeps_explicit_env(tmp_path):
     opts = ClaudeCodeOptions.parse(
-        {"working_directory": str(tmp_path), "env": {"MY_FLAG": "1"}}, default_workdir="/"
+        {
+            "working_directory": str(tmp_path),
+            "env": {"MY_FLAG": "1", "SWEFLOW_BLACKBOX_TOKEN": "leak"},
+        },
+        default_workdir="/",
     )
     base = {
         "PATH": "/bin",
@@ -53,11 +57,13 @@ def test_env_drops_inherited_credentials_but_keeps_explicit_env(tmp_path):
         "E2B_API_KEY": "e2b-x",
         "GITHUB_TOKEN": "gh-x",
         "CLAUDECODE": "1",
+        "SWEFLOW_BLACKBOX_TOKEN_FILE": "/run/sweflow/blackbox.token",
     }
-    env = build_env(opts, home="/h", router_url="http://r", session_id="sess", base=base)
-    assert env["ANTHROPIC_AUTH_TOKEN"] == "sess" and env["MY_FLAG"] == "1" and env["IS_SANDBOX"] == "1"
-    for gone in ("ANTHROPIC_API_KEY", "ANTHROPIC_MODEL", "E2B_API_KEY", "GITHUB_TOKEN", "CLAUDECODE"):
-        assert gone not in env
+    env = build_env(opts, home="/h", router_url="http://r", router_token="sess-secret", base=base)
+    assert env["ANTHROPIC_AUTH_TOKEN"] == "sess-secret" and env["MY_FLAG"] == "1" and env["IS_SANDBOX"] == "1"
+    gone = ("ANTHROPIC_API_KEY", "ANTHROPIC_MODEL", "E2B_API_KEY", "GITHUB_TOKEN", "CLAUDECODE")
+    for name in gone + ("SWEFLOW_BLACKBOX_TOKEN", "SWEFLOW_BLACKBOX_TOKEN_FILE"):
+        assert name not in env
 
 
 @pytest.mark.parametrize(

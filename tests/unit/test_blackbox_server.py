@@ -63,6 +63,9 @@ FAKE_AGENT = textwrap.dedent(
 )
 
 
+TOKEN = "bb-test-token-0123456789"
+
+
 @pytest.fixture()
 def env(tmp_path: Path):
     """A server with a fake agent binary; yields (server url, log path, workdir, register body)."""
@@ -72,11 +75,14 @@ def env(tmp_path: Path):
     workdir = tmp_path / "repo"
     workdir.mkdir()
     log = tmp_path / "agent.log"
-    server = BlackboxServer(runtime_dir=str(tmp_path / "runtime"), agent_binary=str(fake)).start()
+    server = BlackboxServer(
+        runtime_dir=str(tmp_path / "runtime"), agent_binary=str(fake), token=TOKEN
+    ).start()
     body = {
         "agent_type": "claude_code",
         "router_url": "http://127.0.0.1:9/router",
         "session_id": "sess-1",
+        "router_token": "proxy-session-secret",
         "instance_id": "sweflow__calclib-1",
         "backend_options": {
             "working_directory": str(workdir),
@@ -93,9 +99,18 @@ def env(tmp_path: Path):
         server.stop()
 
 
-def call(url: str, method: str = "GET", body: object = None, raw: bytes | None = None, timeout: float = 30):
+def call(
+    url: str,
+    method: str = "GET",
+    body: object = None,
+    raw: bytes | None = None,
+    timeout: float = 30,
+    token: str | None = None,
+):
+    """One request with the server's token (or `token`); (status, decoded JSON answer)."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(url, method=method, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token or TOKEN}"}
+    req = urllib.request.Request(url, method=method, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
@@ -130,7 +145,10 @@ def pid_alive(pid: int) -> bool:
 
 def test_health_and_status(env):
     url, _, _, body = env
-    assert call(f"{url}/health") == (200, {"healthy": True, "version": __version__})
+    assert call(f"{url}/health", token="wrong") == (
+        200,
+        {"healthy": True, "version": __version__, "token_configured": True},
+    )
     status, st = call(f"{url}/v1/status")
     assert status == 200 and st["sessions"] == [] and st["busy"] is False and st["version"] == __version__
     call(f"{url}/v1/rollout/register", "POST", body)
@@ -247,7 +265,10 @@ def test_messages_run_turns_and_resume(env):
     assert "--resume" not in argv
     assert second["argv"][second["argv"].index("--resume") + 1] == claude_sid
     e = first["env"]
-    assert e["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/router" and e["ANTHROPIC_AUTH_TOKEN"] == "sess-1"
+    assert (
+        e["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:9/router"
+        and e["ANTHROPIC_AUTH_TOKEN"] == "proxy-session-secret"
+    )
     assert (
         e["IS_SANDBOX"] == "1"
         and e["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
