@@ -4,6 +4,10 @@ Examples:
     python -m sweflow.proxy --tokenizer models/qwen/hf --engine vllm --vllm-url http://127.0.0.1:8000 --model qwen
     python -m sweflow.proxy --tokenizer /tmp/tiny --engine transformers --model /tmp/tiny
     python -m sweflow.proxy --tokenizer /tmp/tiny --engine scripted --script turns.json   (a JSON list of texts)
+
+The admin token (every endpoint but Messages and /health needs it): read from --admin-token-file, else
+$SWEFLOW_PROXY_ADMIN_TOKEN; with neither, a random one is generated, which needs --write-admin-token PATH
+(written 0600, also usable to store a given token there). The token is never printed or logged.
 """
 
 from __future__ import annotations
@@ -11,12 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import secrets
 import sys
 
 from sweflow.errors import SweflowError
 from sweflow.proxy.engines import ScriptedEngine, TransformersEngine, VLLMEngine
 from sweflow.proxy.recorder import LinearizeConfig
 from sweflow.proxy.server import ProxyConfig, ProxyServer
+
+ADMIN_TOKEN_ENV = "SWEFLOW_PROXY_ADMIN_TOKEN"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,15 +44,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-drift-tokens", type=int, default=8)
-    p.add_argument("--implicit-sessions", action="store_true", help="create sessions on first use")
+    p.add_argument("--admin-token-file", help="read the admin token from this file")
+    p.add_argument(
+        "--write-admin-token", metavar="PATH", help="write the admin token to PATH (mode 0600) before serving"
+    )
+    p.add_argument("--max-body-bytes", type=int, default=ProxyConfig.max_body_bytes)
+    p.add_argument("--max-prompt-tokens", type=int, default=ProxyConfig.max_prompt_tokens)
     p.add_argument("--enable-thinking", choices=["true", "false"], default=None)
     return p
+
+
+def write_secret(path: str, secret: str) -> None:
+    """Write `secret` to `path` readable by its owner only (replacing the file, never widening a mode)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(secret + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def admin_token(args: argparse.Namespace) -> str:
+    """The admin token from --admin-token-file or $SWEFLOW_PROXY_ADMIN_TOKEN, else a new random one
+    (which must then be written with --write-admin-token, or nobody could use the proxy)."""
+    env_token = os.environ.pop(ADMIN_TOKEN_ENV, "").strip()
+    if args.admin_token_file:
+        try:
+            with open(args.admin_token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except OSError as exc:
+            raise SweflowError(
+                f"cannot read the admin token: {exc.strerror}", file=args.admin_token_file
+            ) from None
+        if not token:
+            raise SweflowError("the admin token file is empty", file=args.admin_token_file)
+    elif env_token:
+        token = env_token
+    elif args.write_admin_token:
+        token = secrets.token_urlsafe(32)
+    else:
+        raise SweflowError(
+            f"no admin token: pass --admin-token-file PATH, set ${ADMIN_TOKEN_ENV}, or --write-admin-token "
+            "PATH to generate one",
+            field="--admin-token-file",
+        )
+    if args.write_admin_token:
+        write_secret(args.write_admin_token, token)
+    return token
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        token = admin_token(args)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer, local_files_only=True)
@@ -64,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             temperature=args.temperature,
             top_p=args.top_p,
             engine_timeout_s=args.engine_timeout,
-            implicit_sessions=args.implicit_sessions,
+            admin_token=token,
+            max_body_bytes=args.max_body_bytes,
+            max_prompt_tokens=args.max_prompt_tokens,
             chat_template_kwargs=kwargs,
             linearize=LinearizeConfig(max_drift_tokens=args.max_drift_tokens),
         )

@@ -1,6 +1,8 @@
-"""HTTP plumbing of the proxy: routing, session binding from the request, JSON/SSE writing, error mapping.
+"""HTTP plumbing of the proxy: routing, authentication, bounded body reading, JSON/SSE writing, errors.
 
-`ProxyHandler` only parses and writes; every decision is a `ProxyServer` method (`server.proxy`).
+`ProxyHandler` only parses and writes; every decision is a `ProxyServer` method (`server.proxy`). A
+request refused before its body was read (bad or too large Content-Length, chunked) is answered at once
+and the connection closed.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import json
 import logging
 import re
 import socket
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -16,7 +19,11 @@ from sweflow.proxy import anthropic as an
 
 log = logging.getLogger("sweflow.proxy")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-MAX_BODY_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+# After refusing a body we did not read, drain what the client already sent for this long, so that closing
+# the socket does not reset the connection before the client has read the answer.
+_LINGER_S = 0.5
+_LINGER_BYTES = 1 << 20
 
 
 class HttpError(Exception):
@@ -25,6 +32,18 @@ class HttpError(Exception):
     def __init__(self, status: int, error_type: str, message: str) -> None:
         super().__init__(message)
         self.status, self.error_type, self.message = status, error_type, message
+
+
+def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether decoded JSON nests at most `limit` containers deep (checked without recursion)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return True
 
 
 def check_session_id(session_id: Any) -> None:
@@ -44,8 +63,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: ProxyHTTPServer
 
+    _unread_body = False
+
     def setup(self) -> None:
         super().setup()
+        # Every read (request line, headers, body) times out: a silent client cannot hold a thread forever.
+        self.connection.settimeout(self.server.proxy.config.read_timeout_s)
         # Headers and body go out in separate writes; without NODELAY, Nagle + delayed ACK add ~40 ms a call.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -58,47 +81,99 @@ class ProxyHandler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self._unread_body:  # what follows on this connection is an unread body, not a request
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
+    def _refuse_unread(self, status: int, error_type: str, message: str) -> HttpError:
+        """An error for a request whose body stays unread: the connection closes after the answer."""
+        self._unread_body = True
+        return HttpError(status, error_type, message)
+
     def _read_json(self) -> Any:
+        if self.headers.get("Transfer-Encoding"):
+            raise self._refuse_unread(
+                411, "invalid_request_error", "send a Content-Length (no chunked bodies)"
+            )
+        raw_length = (self.headers.get("Content-Length") or "0").strip()
+        if not raw_length.isdigit():  # also refuses "-1", "+5", "1e3"
+            raise self._refuse_unread(400, "invalid_request_error", "missing or invalid Content-Length")
+        length, limit = int(raw_length), self.server.proxy.config.max_body_bytes
+        if length > limit:
+            raise self._refuse_unread(
+                413, "request_too_large", f"request body of {length} bytes exceeds {limit} bytes"
+            )
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if length < 0 or length > MAX_BODY_BYTES:
+            raw = self.rfile.read(length) if length else b""
+        except TimeoutError:
+            raise self._refuse_unread(400, "invalid_request_error", "request body timed out") from None
+        self._unread_body = False
+        if len(raw) < length:
             self.close_connection = True
-            raise HttpError(400, "invalid_request_error", "missing or invalid Content-Length")
-        raw = self.rfile.read(length) if length else b""
+            raise HttpError(400, "invalid_request_error", f"body incomplete: {len(raw)} of {length} bytes")
         try:
-            return json.loads(raw or b"{}")
-        except ValueError as exc:
-            raise HttpError(400, "invalid_request_error", f"body is not valid JSON: {exc}") from exc
+            body = json.loads(raw or b"{}")
+        except (ValueError, RecursionError) as exc:
+            msg = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise HttpError(400, "invalid_request_error", f"body is not valid JSON: {msg}") from None
+        if not json_depth_ok(body):
+            raise HttpError(400, "invalid_request_error", f"body nests deeper than {MAX_JSON_DEPTH} levels")
+        return body
+
+    def _bearer(self) -> str:
+        auth = self.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer ":
+            return auth[7:].strip()
+        return self.headers.get("x-api-key", "").strip()
 
     def _session_from_request(self, path: str) -> tuple[str, str]:
-        """(session id, API path) from a /sessions/<id> prefix or the bearer token / x-api-key."""
+        """(session id, API path): the session whose token the request carries; a /sessions/<id> prefix
+        must name that same session."""
+        proxy = self.server.proxy
+        sid = proxy.session_for_token(self._bearer())
+        if sid is None:
+            raise self._refuse_unread(
+                401, "authentication_error", "send Authorization: Bearer <session token> (or x-api-key)"
+            )
         m = re.match(r"^/sessions/([^/]+)(/.*)$", path)
         if m:
-            sid, path = m.group(1), m.group(2)
-        else:
-            auth = self.headers.get("Authorization", "")
-            sid = (
-                auth[7:].strip()
-                if auth.lower().startswith("bearer ")
-                else self.headers.get("x-api-key", "").strip()
-            )
-        if not sid:
-            raise HttpError(
-                401, "authentication_error", "no session: send Authorization: Bearer <session id>"
-            )
-        if not SESSION_ID_RE.match(sid):
-            raise HttpError(401, "authentication_error", "malformed session id")
+            named, path = m.group(1), m.group(2)
+            if named != sid:
+                raise self._refuse_unread(
+                    403, "permission_error", "the token does not belong to the session in the path"
+                )
         return sid, path
 
     def _check_admin(self) -> None:
-        token = self.server.proxy.config.admin_token
-        if token and self.headers.get("Authorization", "") != f"Bearer {token}":
-            raise HttpError(401, "authentication_error", "admin endpoint needs the admin token")
+        auth = self.headers.get("Authorization", "")
+        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+        if not self.server.proxy.is_admin(token):
+            raise self._refuse_unread(401, "authentication_error", "admin endpoint needs the admin token")
+
+    def _linger(self) -> None:
+        """Half-close, then discard what the client still sends for a moment (see _LINGER_S)."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(_LINGER_S)
+            deadline, got = time.monotonic() + _LINGER_S, 0
+            while got < _LINGER_BYTES and time.monotonic() < deadline:
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                got += len(chunk)
+        except OSError:
+            pass
+
+    def _send_error(self, status: int, error_type: str, message: str) -> None:
+        try:
+            self._send_json(status, an.error_body(error_type, message))
+        except OSError:
+            self.close_connection = True
+            return
+        if self._unread_body:
+            self._linger()
 
     # ------------------------------------------------------------------ routes
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
@@ -111,10 +186,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
         proxy = self.server.proxy
+        self._unread_body = True
         try:
-            body = self._read_json()
+            # Authenticate before reading a byte of the body: a stranger's body is never read or parsed.
             if path.endswith("/v1/messages") or path.endswith("/v1/messages/count_tokens"):
                 sid, api_path = self._session_from_request(path)
+                body = self._read_json()
                 if api_path == "/v1/messages/count_tokens":
                     proxy.session(sid, for_messages=True)
                     self._send_json(200, proxy.count_tokens(body))
@@ -124,19 +201,18 @@ class ProxyHandler(BaseHTTPRequestHandler):
                     raise HttpError(404, "not_found_error", f"no route POST {path}")
                 return
             self._check_admin()
-            self._admin(path, body)
+            self._admin(path, self._read_json())
         except an.RequestError as exc:
-            self._send_json(400, an.error_body("invalid_request_error", str(exc)))
+            self._send_error(400, "invalid_request_error", str(exc))
         except HttpError as exc:
-            self._send_json(exc.status, an.error_body(exc.error_type, exc.message))
-        except (BrokenPipeError, ConnectionResetError):
+            self._send_error(exc.status, exc.error_type, exc.message)
+        except RecursionError:
+            self._send_error(400, "invalid_request_error", "request nests too deeply")
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             self.close_connection = True
         except Exception as exc:  # never let one request take the server down
             log.exception("proxy internal error")
-            try:
-                self._send_json(500, an.error_body("api_error", f"internal error: {type(exc).__name__}"))
-            except OSError:
-                self.close_connection = True
+            self._send_error(500, "api_error", f"internal error: {type(exc).__name__}")
 
     def _admin(self, path: str, body: Any) -> None:
         proxy = self.server.proxy
@@ -154,8 +230,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         check_session_id(sid)
         if path == "/session/create":
             meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
-            created = proxy.create_session(sid, meta)
-            self._send_json(200, {"session_id": sid, "created": created})
+            self._send_json(200, proxy.create_session(sid, meta))
         elif path == "/session/finalize":
             self._send_json(
                 200, {"session_id": sid, "finalized": True, "num_turns": proxy.finalize_session(sid)}

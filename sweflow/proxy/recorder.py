@@ -134,8 +134,9 @@ def linearize(turns: list[Turn], config: LinearizeConfig | None = None) -> list[
 class SessionRecord:
     """The turns of one session; thread-safe. Turn indices are given out when a request starts."""
 
-    def __init__(self, session_id: str, metadata: dict | None = None) -> None:
+    def __init__(self, session_id: str, metadata: dict | None = None, *, token: str = "") -> None:
         self.session_id = session_id
+        self.token = token  # the session's bearer secret (never part of what read() returns)
         self.metadata = dict(metadata or {})
         self.finalized = False
         self._turns: list[Turn] = []

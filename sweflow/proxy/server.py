@@ -1,20 +1,29 @@
 """The token-recording proxy: an Anthropic Messages endpoint in front of an Engine.
 
-Sessions are explicit: the rollout dispatcher calls `POST /session/create {"session_id": ...}` before the
-agent starts (set `ProxyConfig.implicit_sessions` to create them on first use instead). A Messages request
-names its session by `Authorization: Bearer <id>`, `x-api-key: <id>`, or a `/sessions/<id>` path prefix
-(the prefix wins); it can reach nothing else. Unknown session -> 404, finalized -> 409, no id -> 401.
+Authentication. Every admin endpoint (`/session/*`, `/trajectory/read`, `/pause`, `/resume`) needs
+`Authorization: Bearer <admin token>`: `ProxyConfig.admin_token`, or one generated at start
+(`ProxyServer.admin_token`). Sessions are explicit: the rollout dispatcher calls
+`POST /session/create {"session_id": ...}` before the agent starts and gets the session's own random
+`token` back. A Messages request authenticates with `Authorization: Bearer <token>` or
+`x-api-key: <token>` and reaches that session only; a `/sessions/<id>` path prefix must name the same
+session (403 otherwise). No or unknown token -> 401 (a session id is not a token), finalized -> 409.
+
+Limits: a body over `max_body_bytes` -> 413 before it is read; a prompt over `max_prompt_tokens` -> 413
+after bounded work (see sweflow.proxy.tokenize); JSON nested deeper than 64 -> 400.
 
 Threading: one thread per connection (ThreadingHTTPServer); the engine call runs in a worker pool with a
-timeout and holds no proxy-wide lock. Tokenisation shares one lock because fast tokenizers are not
-re-entrant. `POST /pause` holds new Messages requests before they reach the engine until `POST /resume`;
-requests already generating finish (pause with {"wait_idle": true} returns once none is in flight).
+timeout and holds no proxy-wide lock; tokenisation uses a pool of private tokenizer copies. `POST /pause`
+holds new Messages requests before they reach the engine until `POST /resume`; requests already
+generating finish (pause with {"wait_idle": true} returns once none is in flight).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import hmac
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +33,7 @@ from sweflow.proxy import anthropic as an
 from sweflow.proxy.engines import Engine, EngineTimeout, GenerateResult, SamplingParams
 from sweflow.proxy.handler import HttpError, ProxyHandler, ProxyHTTPServer, check_session_id
 from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn
+from sweflow.proxy.tokenize import PromptTooLong, TokenizerPool
 from sweflow.proxy.toolcalls import parse_tool_calls
 
 log = logging.getLogger("sweflow.proxy")
@@ -41,9 +51,12 @@ class ProxyConfig:
     honor_request_sampling: bool = False
     engine_timeout_s: float = 600.0
     pause_timeout_s: float | None = None
-    implicit_sessions: bool = False
     midlist_system: str = "system"  # role for mid-list system messages; falls back to "user" if refused
-    admin_token: str | None = None
+    admin_token: str | None = None  # None: a random one is generated (ProxyServer.admin_token)
+    max_body_bytes: int = 8 << 20
+    max_prompt_tokens: int = 262_144
+    tokenizer_copies: int = 4  # concurrent tokenisations; each copy costs the tokenizer's memory
+    read_timeout_s: float = 120.0  # a client silent this long mid-request (or idle on keep-alive) is dropped
     stop_token_ids: list[int] | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     linearize: LinearizeConfig = field(default_factory=LinearizeConfig)
@@ -80,9 +93,11 @@ class ProxyServer:
         self.tokenizer = tokenizer
         self.config = config or ProxyConfig()
         self.stop_ids = list(self.config.stop_token_ids or default_stop_ids(tokenizer))
+        self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
         self._sessions: dict[str, SessionRecord] = {}
+        self._by_token: dict[bytes, str] = {}  # sha256(session token) -> session id
         self._sessions_lock = threading.Lock()
-        self._tok_lock = threading.Lock()
+        self._tokenizers = TokenizerPool(tokenizer, self.config.tokenizer_copies)
         self._gate = threading.Condition()
         self._paused = False
         self._stopping = False
@@ -125,24 +140,41 @@ class ProxyServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # ------------------------------------------------------------------ auth
+    def is_admin(self, token: str) -> bool:
+        return hmac.compare_digest(token.encode(), self.admin_token.encode())
+
+    def session_for_token(self, token: str) -> str | None:
+        """The session a bearer token belongs to, or None (looked up by its hash, compared in constant time)."""
+        if not token:
+            return None
+        digest = hashlib.sha256(token.encode()).digest()
+        with self._sessions_lock:
+            sid = self._by_token.get(digest)
+            rec = self._sessions.get(sid) if sid is not None else None
+        if rec is None or not hmac.compare_digest(rec.token.encode(), token.encode()):
+            return None
+        return sid
+
     # ------------------------------------------------------------------ sessions
-    def create_session(self, session_id: str, metadata: dict | None = None) -> bool:
-        """Create a session; False when it already exists (idempotent). 409 if it was finalized."""
+    def create_session(self, session_id: str, metadata: dict | None = None) -> dict:
+        """Create a session: {"session_id", "created", "token"}; again for a live one answers its token
+        with created False (idempotent). 409 if it was finalized."""
         check_session_id(session_id)
         with self._sessions_lock:
             existing = self._sessions.get(session_id)
             if existing is not None:
                 if existing.finalized:
                     raise HttpError(409, "invalid_request_error", f"session {session_id!r} is finalized")
-                return False
-            self._sessions[session_id] = SessionRecord(session_id, metadata)
-            return True
+                return {"session_id": session_id, "created": False, "token": existing.token}
+            rec = SessionRecord(session_id, metadata, token=secrets.token_urlsafe(32))
+            self._sessions[session_id] = rec
+            self._by_token[hashlib.sha256(rec.token.encode()).digest()] = session_id
+            return {"session_id": session_id, "created": True, "token": rec.token}
 
     def session(self, session_id: str, *, for_messages: bool = False) -> SessionRecord:
         with self._sessions_lock:
             rec = self._sessions.get(session_id)
-            if rec is None and for_messages and self.config.implicit_sessions:
-                rec = self._sessions[session_id] = SessionRecord(session_id)
         if rec is None:
             raise HttpError(404, "not_found_error", f"unknown session {session_id!r}")
         if for_messages and rec.finalized:
@@ -159,7 +191,9 @@ class ProxyServer:
 
     def delete_session(self, session_id: str) -> None:
         with self._sessions_lock:
-            self._sessions.pop(session_id, None)
+            rec = self._sessions.pop(session_id, None)
+            if rec is not None:
+                self._by_token.pop(hashlib.sha256(rec.token.encode()).digest(), None)
 
     # ------------------------------------------------------------------ pause
     def pause(self, wait_idle: bool = False, timeout: float = 600.0) -> dict:
@@ -215,8 +249,10 @@ class ProxyServer:
                     400, "invalid_request_error", f"chat template rejected the messages: {exc}"
                 ) from exc
             log.info("chat template refused mid-list system messages; rendered them as user messages")
-        with self._tok_lock:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        try:
+            return self._tokenizers.encode(text, self.config.max_prompt_tokens)
+        except PromptTooLong as exc:
+            raise HttpError(413, "request_too_large", str(exc)) from None
 
     def count_tokens(self, body: Any) -> dict:
         req = an.parse_request(body, require_max_tokens=False)
@@ -267,8 +303,7 @@ class ProxyServer:
         ids = list(output_ids)
         while ids and ids[-1] in self.stop_ids:
             ids.pop()
-        with self._tok_lock:
-            return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self._tokenizers.decode(ids)
 
     def handle_messages(self, session_id: str, body: Any) -> tuple[dict, SessionRecord, int]:
         """Run one Messages request for a session; return (response message, session, turn index)."""

@@ -1,4 +1,6 @@
-"""The proxy over real HTTP: Messages JSON/SSE, sessions, recording, errors, pause, isolation, disconnects."""
+"""The proxy over real HTTP: Messages JSON/SSE, sessions, recording, errors, pause, isolation, disconnects.
+
+The test client carries the admin token by default; `post` authenticates as a session with its token."""
 
 from __future__ import annotations
 
@@ -48,15 +50,32 @@ def tok():
     return tiny_tokenizer()
 
 
+def admin_client(proxy, **kw) -> httpx.Client:
+    """An httpx client that sends the proxy's admin token unless a call sets its own Authorization."""
+    client = httpx.Client(
+        base_url=proxy.url, timeout=30, headers={"Authorization": f"Bearer {proxy.admin_token}"}, **kw
+    )
+    client.tokens = TOKENS.setdefault(proxy.url, {})
+    return client
+
+
+TOKENS: dict[str, dict[str, str]] = {}  # proxy url -> session id -> session token
+
+
+def create(client, sid) -> httpx.Response:
+    resp = client.post("/session/create", json={"session_id": sid})
+    if resp.status_code == 200:
+        client.tokens[sid] = resp.json()["token"]
+    return resp
+
+
 @contextlib.contextmanager
 def running(engine, tok, sessions=("s1",), **cfg):
-    with (
-        ProxyServer(engine, tok, ProxyConfig(**cfg)) as proxy,
-        httpx.Client(base_url=proxy.url, timeout=30) as client,
-    ):
+    with ProxyServer(engine, tok, ProxyConfig(**cfg)) as proxy, admin_client(proxy) as client:
         for sid in sessions:
-            assert client.post("/session/create", json={"session_id": sid}).json()["created"] is True
+            assert create(client, sid).json()["created"] is True
         yield proxy, client
+    TOKENS.pop(proxy.url, None)
 
 
 def body(messages, **extra):
@@ -71,7 +90,9 @@ def body(messages, **extra):
 
 
 def post(client, sid, payload, path="/v1/messages?beta=true", **headers):
-    return client.post(path, json=payload, headers={"Authorization": f"Bearer {sid}", **headers})
+    """A Messages call as session `sid` (its token; an unknown id is sent as is)."""
+    token = TOKENS.get(str(client.base_url).rstrip("/"), {}).get(sid, sid)
+    return client.post(path, json=payload, headers={"Authorization": f"Bearer {token}", **headers})
 
 
 def read(client, sid, drain=False):
@@ -196,14 +217,24 @@ def test_multi_turn_agent_loop_folds_into_one_sample(tok):
 
 def test_session_binding_paths_and_keys(tok):
     engine = ScriptedEngine(["ok"], tok, cycle=True)
-    with running(engine, tok, sessions=("a", "b")) as (_, client):
+    with running(engine, tok, sessions=("a", "b")) as (proxy, client):
         payload = body([{"role": "user", "content": "hi"}])
-        assert client.post("/sessions/a/v1/messages?beta=true", json=payload).status_code == 200
-        assert client.post("/v1/messages", json=payload, headers={"x-api-key": "b"}).status_code == 200
-        count = client.post(
-            "/sessions/b/v1/messages/count_tokens", json={k: payload[k] for k in ("model", "messages")}
-        )
-        assert count.status_code == 200 and count.json()["input_tokens"] > 0
+        ta, tb = client.tokens["a"], client.tokens["b"]
+        assert ta != tb and "a" not in (ta, tb) and len(ta) >= 32
+        with httpx.Client(base_url=proxy.url, timeout=30) as agent:
+            ok = agent.post(
+                "/sessions/a/v1/messages?beta=true", json=payload, headers={"Authorization": f"Bearer {ta}"}
+            )
+            assert ok.status_code == 200
+            assert agent.post("/v1/messages", json=payload, headers={"x-api-key": tb}).status_code == 200
+            count = agent.post(
+                "/sessions/b/v1/messages/count_tokens",
+                json={k: payload[k] for k in ("model", "messages")},
+                headers={"x-api-key": tb},
+            )
+            assert count.status_code == 200 and count.json()["input_tokens"] > 0
+            # the path prefix alone is no credential any more
+            assert agent.post("/sessions/a/v1/messages", json=payload).status_code == 401
         assert len(read(client, "a")["turns"]) == 1 and len(read(client, "b")["turns"]) == 1
 
 
@@ -211,24 +242,18 @@ def test_session_errors(tok):
     engine = ScriptedEngine(["ok"], tok, cycle=True)
     with running(engine, tok) as (_, client):
         payload = body([{"role": "user", "content": "hi"}])
-        missing = client.post("/v1/messages", json=payload)
+        missing = client.post("/v1/messages", json=payload)  # the admin token is no session token
         assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
         unknown = post(client, "nope", payload)
-        assert unknown.status_code == 404 and unknown.json()["type"] == "error"
-        assert client.post("/session/create", json={"session_id": "s1"}).json()["created"] is False
+        assert unknown.status_code == 401 and unknown.json()["type"] == "error"
+        again = client.post("/session/create", json={"session_id": "s1"}).json()
+        assert again["created"] is False and again["token"] == client.tokens["s1"]
         assert client.post("/session/create", json={"session_id": "../x"}).status_code == 400
         assert client.post("/session/finalize", json={"session_id": "s1"}).json()["finalized"] is True
         assert post(client, "s1", payload).status_code == 409
         assert client.post("/session/create", json={"session_id": "s1"}).status_code == 409
         assert client.post("/trajectory/read", json={"session_id": "ghost"}).status_code == 404
         assert client.get("/health").json()["healthy"] is True
-
-
-def test_implicit_sessions_option(tok):
-    engine = ScriptedEngine(["ok"], tok, cycle=True)
-    with running(engine, tok, sessions=(), implicit_sessions=True) as (_, client):
-        assert post(client, "fresh", body([{"role": "user", "content": "hi"}])).status_code == 200
-        assert len(read(client, "fresh")["turns"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -243,7 +268,9 @@ def test_implicit_sessions_option(tok):
 def test_malformed_requests_get_400_invalid_request(tok, raw):
     engine = ScriptedEngine(["ok"], tok, cycle=True)
     with running(engine, tok) as (_, client):
-        resp = client.post("/v1/messages", content=raw, headers={"Authorization": "Bearer s1"})
+        resp = client.post(
+            "/v1/messages", content=raw, headers={"Authorization": f"Bearer {client.tokens['s1']}"}
+        )
         assert resp.status_code == 400
         err = resp.json()
         assert (
@@ -297,11 +324,11 @@ def test_concurrent_sessions_are_isolated(tok):
 
     names = [f"sess{i}" for i in range(6)]
     engine = ScriptedEngine(echo, tok, delay_s=0.02)
-    with running(engine, tok, sessions=names) as (_, client):
+    with running(engine, tok, sessions=names) as (proxy, client):
         errors = []
 
         def agent(sid):
-            with httpx.Client(base_url=client.base_url, timeout=30) as own:
+            with admin_client(proxy) as own:
                 for k in range(4):
                     r = post(
                         own, sid, body([{"role": "user", "content": f"MARK{sid}x{k}"}], stream=k % 2 == 0)
@@ -331,7 +358,7 @@ def test_pause_holds_new_requests_until_resume(tok):
 
         def call():
             result["status"] = post(
-                httpx.Client(base_url=client.base_url, timeout=30),
+                admin_client(proxy),
                 "s1",
                 body([{"role": "user", "content": "hi"}]),
             ).status_code
@@ -347,13 +374,13 @@ def test_pause_holds_new_requests_until_resume(tok):
 
 def test_pause_lets_in_flight_finish(tok):
     engine = ScriptedEngine(["ok"], tok, cycle=True, delay_s=0.5)
-    with running(engine, tok) as (_, client):
+    with running(engine, tok) as (proxy, client):
         out = {}
         th = threading.Thread(
             target=lambda: out.setdefault(
                 "r",
                 post(
-                    httpx.Client(base_url=client.base_url, timeout=30),
+                    admin_client(proxy),
                     "s1",
                     body([{"role": "user", "content": "hi"}]),
                 ),
@@ -386,7 +413,7 @@ def test_client_disconnect_mid_stream_is_recorded_and_harmless(tok):
         host, port = proxy.url.removeprefix("http://").split(":")
         sock = socket.create_connection((host, int(port)))
         head = (
-            f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer gone\r\n"
+            f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {client.tokens['gone']}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         ).encode()
         sock.sendall(head + payload)
@@ -429,30 +456,44 @@ def test_admin_token_guards_admin_endpoints(tok):
     engine = ScriptedEngine(["ok"], tok, cycle=True)
     cfg = ProxyConfig(admin_token="adm-secret")
     with ProxyServer(engine, tok, cfg) as proxy, httpx.Client(base_url=proxy.url, timeout=10) as client:
+        assert proxy.admin_token == "adm-secret"
         admin = {"Authorization": "Bearer adm-secret"}
         assert client.post("/session/create", json={"session_id": "s1"}).status_code == 401
-        assert client.post("/session/create", json={"session_id": "s1"}, headers=admin).status_code == 200
-        assert post(client, "s1", body([{"role": "user", "content": "hi"}])).status_code == 200
-        # an agent holding only its session id cannot read trajectories, its own or others'
-        denied = client.post(
-            "/trajectory/read", json={"session_id": "s1"}, headers={"Authorization": "Bearer s1"}
+        created = client.post("/session/create", json={"session_id": "s1"}, headers=admin)
+        assert created.status_code == 200
+        token = created.json()["token"]
+        ok = client.post(
+            "/v1/messages",
+            json=body([{"role": "user", "content": "hi"}]),
+            headers={"Authorization": f"Bearer {token}"},
         )
-        assert denied.status_code == 401
-        assert (
-            len(client.post("/trajectory/read", json={"session_id": "s1"}, headers=admin).json()["turns"])
-            == 1
-        )
+        assert ok.status_code == 200
+        # an agent holding its session token cannot read trajectories, its own or others'
+        for bearer in ("s1", token):
+            denied = client.post(
+                "/trajectory/read", json={"session_id": "s1"}, headers={"Authorization": f"Bearer {bearer}"}
+            )
+            assert denied.status_code == 401
+        turns = client.post("/trajectory/read", json={"session_id": "s1"}, headers=admin).json()["turns"]
+        assert len(turns) == 1
+
+
+def test_generated_admin_token_is_random_per_server(tok):
+    engine = ScriptedEngine(["ok"], tok, cycle=True)
+    with ProxyServer(engine, tok) as one, ProxyServer(engine, tok) as two:
+        assert one.admin_token != two.admin_token and len(one.admin_token) >= 32
+        assert httpx.post(one.url + "/session/create", json={"session_id": "x"}).status_code == 401
 
 
 def test_stop_releases_paused_requests_with_503(tok):
     engine = ScriptedEngine(["ok"], tok, cycle=True)
     proxy = ProxyServer(engine, tok, ProxyConfig()).start()
-    httpx.post(proxy.url + "/session/create", json={"session_id": "s1"})
+    create(admin_client(proxy), "s1")
     proxy.pause()
     out = {}
 
     def call():
-        with httpx.Client(base_url=proxy.url, timeout=10) as c:
+        with admin_client(proxy) as c:
             out["r"] = post(c, "s1", body([{"role": "user", "content": "hi"}]))
 
     th = threading.Thread(target=call)
