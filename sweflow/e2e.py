@@ -174,7 +174,8 @@ def run_policy(
     engine = ScriptedEngine(policy, tokenizer)
     with ProxyServer(engine, tokenizer, ProxyConfig(max_new_tokens=4096), host="127.0.0.1", port=0) as proxy:
         cfg = config or RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{policy.name}.")
-        dispatcher = Dispatcher(provider, HttpProxyClient(proxy.url), evaluator=evaluator, config=cfg)
+        client = HttpProxyClient(proxy.url, admin_token=proxy.admin_token)
+        dispatcher = Dispatcher(provider, client, evaluator=evaluator, config=cfg)
         result = dispatcher.run_sample(dict(row), 0)
         stop_text = tokenizer.decode([proxy.stop_ids[0]]) if proxy.stop_ids else ""
     ok, expected = expectation(policy.name, result)

@@ -1,8 +1,10 @@
 """HTTP clients the dispatcher talks through: the token-recording proxy's admin API and the blackbox server.
 
 `ProxyClient` is the Protocol (a trainer may hand in its own, e.g. one that calls an in-process
-`ProxyServer` directly); `HttpProxyClient` is the real one over `/session/*` and `/trajectory/read`.
-`BlackboxClient` speaks to the in-sandbox server at the URL the sandbox provider gives for port 31000.
+`ProxyServer` directly); `HttpProxyClient` is the real one over `/session/*` and `/trajectory/read`, with
+the proxy's admin token. `create_session` returns the session's own secret: the agent's only credential.
+`BlackboxClient` speaks to the in-sandbox server at the URL the sandbox provider gives for port 31000 and
+sends the sandbox's blackbox token on every call but /health.
 Both raise `ProxyError` / `SandboxError` with one-line messages; a transport failure (connection refused,
 reset, timeout) is `TransportError`, so the dispatcher can tell "the server answered no" from "it is gone".
 """
@@ -69,7 +71,9 @@ class ProxyClient(Protocol):
 
     url: str
 
-    def create_session(self, session_id: str, metadata: dict[str, Any] | None = None) -> None: ...
+    def create_session(self, session_id: str, metadata: dict[str, Any] | None = None) -> str:
+        """Create the session (idempotent) and return its bearer token for the agent."""
+        ...
 
     def finalize_session(self, session_id: str) -> int: ...
 
@@ -79,7 +83,7 @@ class ProxyClient(Protocol):
 
 
 class HttpProxyClient:
-    """The proxy's admin endpoints over HTTP (`admin_token` when the proxy was started with one)."""
+    """The proxy's admin endpoints over HTTP; `admin_token` is the proxy's (every admin call needs it)."""
 
     def __init__(self, url: str, *, admin_token: str | None = None, timeout: float = 120.0) -> None:
         self.url = url.rstrip("/")
@@ -92,8 +96,12 @@ class HttpProxyClient:
         except (HttpStatusError, TransportError) as exc:
             raise ProxyError(f"proxy {path} failed: {exc.problem}", row=body.get("session_id")) from exc
 
-    def create_session(self, session_id: str, metadata: dict[str, Any] | None = None) -> None:
-        self._post("/session/create", {"session_id": session_id, "metadata": metadata or {}})
+    def create_session(self, session_id: str, metadata: dict[str, Any] | None = None) -> str:
+        answer = self._post("/session/create", {"session_id": session_id, "metadata": metadata or {}})
+        token = answer.get("token") if isinstance(answer, dict) else None
+        if not isinstance(token, str) or not token:
+            raise ProxyError("proxy /session/create answered no session token", row=session_id)
+        return token
 
     def finalize_session(self, session_id: str) -> int:
         return int(self._post("/session/finalize", {"session_id": session_id}).get("num_turns", 0))
@@ -106,11 +114,18 @@ class HttpProxyClient:
 
 
 class BlackboxClient:
-    """The in-sandbox blackbox server's API (see sweflow.blackbox.server) at `base_url`."""
+    """The in-sandbox blackbox server's API (see sweflow.blackbox.server) at `base_url`.
 
-    def __init__(self, base_url: str, *, timeout: float = 60.0) -> None:
+    `token` (the sandbox's `blackbox_token`) goes out as `Authorization: Bearer` on every call but /health.
+    """
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 60.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _call(self, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        return http_json(self.base_url + path, body, timeout=timeout or self.timeout, headers=self._headers)
 
     def wait_healthy(self, timeout: float, *, interval: float = 0.25) -> dict[str, Any]:
         """Poll GET /health until it answers healthy; SandboxError with the last problem after `timeout`."""
@@ -128,28 +143,29 @@ class BlackboxClient:
                 raise SandboxError(f"blackbox not healthy after {timeout:.0f}s: {last}", file=self.base_url)
             time.sleep(interval)
 
+    def status(self) -> dict[str, Any]:
+        return self._call("/v1/status")
+
     def register(self, body: dict[str, Any]) -> dict[str, Any]:
-        return http_json(self.base_url + "/v1/rollout/register", body, timeout=self.timeout)
+        return self._call("/v1/rollout/register", body)
 
     def execute_cmd(self, session_id: str, cmd: str, *, timeout: float) -> dict[str, Any]:
         """Run `cmd` in the session's working directory; the answer has stdout, stderr, returncode, timed_out."""
-        return http_json(
-            f"{self.base_url}/v1/sessions/{session_id}/execute_cmd",
-            {"cmd": cmd, "timeout": timeout},
-            timeout=timeout + 30,
+        return self._call(
+            f"/v1/sessions/{session_id}/execute_cmd", {"cmd": cmd, "timeout": timeout}, timeout=timeout + 30
         )
 
     def send_message(self, session_id: str, content: str, *, timeout: float) -> dict[str, Any]:
         """One synchronous agent turn (the server kills the agent after `timeout`)."""
-        return http_json(
-            f"{self.base_url}/v1/sessions/{session_id}/messages",
+        return self._call(
+            f"/v1/sessions/{session_id}/messages",
             {"content": content, "timeout": timeout},
             timeout=timeout + 60,
         )
 
     def session(self, session_id: str) -> dict[str, Any]:
         """The session snapshot with every stored stream-json event."""
-        return http_json(f"{self.base_url}/v1/sessions/{session_id}", timeout=self.timeout)
+        return self._call(f"/v1/sessions/{session_id}")
 
     def abort(self, session_id: str) -> dict[str, Any]:
-        return http_json(f"{self.base_url}/v1/sessions/{session_id}/abort", {}, timeout=self.timeout)
+        return self._call(f"/v1/sessions/{session_id}/abort", {})

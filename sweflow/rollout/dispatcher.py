@@ -1,8 +1,10 @@
 """One rollout sample end to end, and groups of them under a concurrency limit.
 
 For a training row (see sweflow.convert) and a group index, `Dispatcher.run_sample`:
-sandbox from the row's template -> blackbox /health -> proxy session -> register the agent (router = the
-proxy, bearer = session id, the row's backend options) -> before-agent commands (a required one that fails
+sandbox from the row's template (its only egress: the proxy, when the proxy listens on loopback) ->
+blackbox /health -> proxy session (its token) -> register the agent (router = the proxy as the sandbox
+sees it, bearer = the session's token, the row's backend options; every blackbox call carries the
+sandbox's blackbox token) -> before-agent commands (a required one that fails
 aborts the sample) -> the prompt as one agent turn -> the agent's tool calls from the session events ->
 the patch (git diff against the base commit) -> the agent sandbox is killed -> fresh-sandbox evaluation ->
 finalise and read the proxy trajectory -> integrity scan -> reward -> RolloutResult.
@@ -15,12 +17,14 @@ commands of the row are not run in the agent sandbox: the fresh evaluation repla
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from sweflow.errors import SweflowError
 from sweflow.integrity import apply_integrity, scan_tool_calls, tool_calls_from_stream_json
@@ -99,6 +103,24 @@ def new_session_id(prefix: str, instance_id: str, group_index: int) -> str:
     return head + tail
 
 
+def loopback_egress(url: str) -> str | None:
+    """ "127.0.0.1:<port>" when `url` is a loopback http(s) URL (the proxy on this machine), else None."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not host:
+        return None
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return f"127.0.0.1:{port}" if loopback else None
+
+
 def _one_line(exc: BaseException) -> str:
     text = exc.one_line() if isinstance(exc, SweflowError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split())[:500]
@@ -164,6 +186,7 @@ class _Rollout:
         self.step = "start"
         self.timings: dict[str, float] = {}
         self.proxy_session = False
+        self.session_token: str | None = None
         self.agent_running = False
 
     # ------------------------------------------------------------------ helpers
@@ -248,27 +271,34 @@ class _Rollout:
         sandbox_timeout = float(self.cfg.sandbox_timeout or meta.get("sandbox_timeout_sec") or 3600)
         turn_timeout = float(self.cfg.turn_timeout or backend.get("turn_timeout") or sandbox_timeout)
 
+        # The proxy is the one endpoint the agent may reach; a public proxy URL (E2B) needs no egress.
+        egress = loopback_egress(self.d.proxy.url)
         with self._timed("sandbox"):
             self.sb = self.boxes.create(
                 template,
                 timeout=sandbox_timeout,
                 metadata={"instance_id": self.instance_id, "session_id": self.session_id},
+                **({"egress": egress} if egress else {}),
             )
         with self._timed("health"):
-            self.bb = BlackboxClient(self.sb.port_url(BLACKBOX_PORT))
+            self.bb = BlackboxClient(
+                self.sb.port_url(BLACKBOX_PORT), token=getattr(self.sb, "blackbox_token", None)
+            )
             self.bb.wait_healthy(self.cfg.health_timeout)
         with self._timed("proxy_session"):
-            self.d.proxy.create_session(
+            self.session_token = self.d.proxy.create_session(
                 self.session_id, {"instance_id": self.instance_id, "group_index": self.group_index}
             )
             self.proxy_session = True
+        router_url = getattr(self.sb, "egress_url", None) or self.cfg.router_url or self.d.proxy.url
         with self._timed("register"):
             self.bb.register(
                 {
                     "agent_type": meta.get("blackbox_type") or "claude_code",
                     "session_id": self.session_id,
                     "instance_id": self.instance_id,
-                    "router_url": self.cfg.router_url or self.d.proxy.url,
+                    "router_url": router_url,
+                    "router_token": self.session_token,
                     "backend_options": backend,
                 }
             )

@@ -2,16 +2,19 @@
 
 Real pieces: the token-recording proxy (ScriptedEngine + tiny tokenizer), the blackbox server, the HTTP
 clients, the integrity scan. In-process fakes, because a container per unit test is impractical:
-- `FakeProvider`: a sandbox is a temp git checkout plus a real BlackboxServer on a loopback port; commands
+- `FakeProvider`: a sandbox is a temp git checkout plus a real BlackboxServer on a loopback port that
+  demands the sandbox's own random `blackbox_token` (as the real providers' servers do); `egress` given to
+  `create` is recorded and shows up as `egress_url` (http://<egress>, the same loopback address); commands
   run with bash in that checkout; `kill()` stops the server and marks the sandbox dead.
 - `FAKE_AGENT`: a stand-in for the `claude` binary with the same contract (prompt on stdin, stream-json on
-  stdout, ANTHROPIC_BASE_URL + bearer session id); it calls the proxy's /v1/messages, runs Read/Edit/Bash
+  stdout, ANTHROPIC_BASE_URL + ANTHROPIC_AUTH_TOKEN, the proxy session's token); it calls the proxy's /v1/messages, runs Read/Edit/Bash
   tool calls in its cwd and reports an HTTP failure like the CLI does (a result with api_error).
 - `FakeEvaluator`: git diff in the sandbox; "evaluation" in a fresh fake sandbox by a rule on the patch.
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import subprocess
 import sys
@@ -110,9 +113,11 @@ def write_agent(dest: Path) -> Path:
 class FakeSandbox(SandboxBase):
     """A checkout copy + a real blackbox server; `run` is bash in the checkout."""
 
-    def __init__(self, provider: FakeProvider, template: str) -> None:
+    def __init__(self, provider: FakeProvider, template: str, egress: str | None = None) -> None:
         super().__init__(f"fake-{uuid.uuid4().hex[:8]}", template)
         self.provider = provider
+        self.blackbox_token = secrets.token_urlsafe(24)
+        self.egress_url = f"http://{egress}" if egress else None
         self.dir = Path(tempfile.mkdtemp(prefix="sweflow-fake-sb-", dir=provider.root))
         self.workdir = self.dir / "testbed"
         shutil.copytree(provider.repo, self.workdir, symlinks=True)
@@ -120,6 +125,7 @@ class FakeSandbox(SandboxBase):
             runtime_dir=str(self.dir / "bbs"),
             agent_binary=str(provider.agent),
             default_workdir=str(self.workdir),
+            token=self.blackbox_token,
         ).start()
 
     def run(self, cmd: str, *, timeout: float, env=None, cwd=None) -> CommandResult:
@@ -160,16 +166,18 @@ class FakeProvider:
         self.root, self.repo, self.agent = root, repo, agent
         self.fail_create = fail_create
         self.created: list[FakeSandbox] = []
+        self.egresses: list[str | None] = []
         self.live = 0
         self.max_live = 0
         self._lock = threading.Lock()
 
-    def create(self, template: str, *, timeout: float, env=None, metadata=None) -> FakeSandbox:
+    def create(self, template: str, *, timeout: float, env=None, metadata=None, egress=None) -> FakeSandbox:
         if self.fail_create:
             raise SandboxError("template image not found", file=template)
-        sb = FakeSandbox(self, template)
+        sb = FakeSandbox(self, template, egress)
         with self._lock:
             self.created.append(sb)
+            self.egresses.append(egress)
             self.live += 1
             self.max_live = max(self.max_live, self.live)
         return sb

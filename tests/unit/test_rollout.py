@@ -27,6 +27,7 @@ from sweflow.rollout import (  # noqa: E402
     new_session_id,
     patch_stats,
 )
+from sweflow.rollout.dispatcher import loopback_egress  # noqa: E402
 from tests.unit.conftest_proxy import tiny_tokenizer  # noqa: E402
 from tests.unit.conftest_rollout import (  # noqa: E402
     FakeEvaluator,
@@ -76,11 +77,13 @@ def run_one(provider, tok, turns, row, *, evaluator=None, hook=None, config=None
     seen: list[str] = []
     engine = engine or ScriptedEngine(step_policy(turns, tok, seen, hook), tok)
     with ProxyServer(engine, tok) as proxy:
-        d = Dispatcher(
-            provider, HttpProxyClient(proxy.url), evaluator=evaluator or FakeEvaluator(), config=config
-        )
+        client = HttpProxyClient(proxy.url, admin_token=proxy.admin_token)
+        d = Dispatcher(provider, client, evaluator=evaluator or FakeEvaluator(), config=config)
         result = d.run_sample(row, 3)
         leftover = proxy._sessions.keys() - set()
+        port = proxy.url.rsplit(":", 1)[1]
+    if provider.egresses:
+        assert provider.egresses[0] == f"127.0.0.1:{port}", "the agent sandbox may reach the proxy only"
     return result, seen, leftover
 
 
@@ -98,6 +101,7 @@ def test_good_policy_is_resolved_and_tokens_match_the_engine_output(env, tok):
     assert result.patch["files"] == ["calc.py"] and result.patch["lines_added"] == 1
     assert result.integrity_violations == [] and result.agent["tool_calls"] == 2
     assert len(ev.evaluated) == 1 and len(provider.created) == 2, "one agent sandbox, one fresh sandbox"
+    assert provider.egresses[1] is None, "the evaluation sandbox reaches nothing"
     assert_all_killed(provider)
     assert leftover == set(), "the proxy session is deleted once read"
     # One folded sample; its model-output tokens are exactly what the engine produced, turn by turn.
@@ -226,7 +230,7 @@ def test_group_runs_concurrently_under_the_limit_with_group_indices(env, tok):
     with ProxyServer(ScriptedEngine(slow_policy, tok), tok) as proxy:
         d = Dispatcher(
             provider,
-            HttpProxyClient(proxy.url),
+            HttpProxyClient(proxy.url, admin_token=proxy.admin_token),
             evaluator=FakeEvaluator(),
             config=RolloutConfig(max_concurrency=2, session_prefix="run7."),
         )
@@ -237,6 +241,15 @@ def test_group_runs_concurrently_under_the_limit_with_group_indices(env, tok):
     assert all(r.session_id.startswith("run7.sweflow__calclib-1:") for r in results)
     assert provider.max_live == 2 and in_flight["max"] == 2, "the limit is reached and never exceeded"
     assert_all_killed(provider)
+
+
+def test_egress_is_the_proxy_only_when_it_listens_on_loopback():
+    assert loopback_egress("http://127.0.0.1:8080") == "127.0.0.1:8080"
+    assert loopback_egress("http://localhost:9/") == "127.0.0.1:9"
+    assert loopback_egress("http://[::1]:7000") == "127.0.0.1:7000"
+    assert loopback_egress("https://proxy.example.org") is None  # E2B reaches a public URL
+    assert loopback_egress("http://10.0.0.5:8080") is None
+    assert loopback_egress("not a url") is None
 
 
 def test_session_ids_and_patch_stats():
