@@ -1,12 +1,18 @@
 """Docker sandboxes through the docker SDK; templates are images built from `TemplateSpec.to_dockerfile()`.
 
-Network: "none" (default; the server is reachable only inside the container, `port_url` raises) or "host"
-(no bridge exists on our hosts). Under host networking every container serves the blackbox on its own free
-host port (SWEFLOW_BLACKBOX_PORT, bound to 127.0.0.1) and `port_url(31000)` returns that URL.
+The agent is hostile. Containers run with network "none" (loopback only; host networking is gone), every
+capability dropped (`cap_add` gives some back), no-new-privileges, and pids/memory/CPU limits, and no
+engine socket. The one way in and out is a per-sandbox host folder bound at /run/sweflow: the host
+reaches the blackbox server through `blackbox.sock` (a host forwarder on a free 127.0.0.1 port is
+`port_url(31000)`), and the sandbox reaches the egress at `egress_url` (an in-container forwarder on
+loopback, piped to `egress.sock`, which a host forwarder connects to the egress host:port); see
+`sweflow.sandbox.egress`. The in-container forwarders run on the template's runtime python. The server
+is started by its own `docker exec` whose environment alone carries the blackbox token.
 
 Commands run as `timeout -k 5 <t> bash -c CMD` through the exec API, and the client also gives up after the
-timeout plus a grace period, so a hung daemon call cannot block a caller. Exit code 124 means timed out.
-Background commands run detached under `setsid` and report through pid/rc/out/err files in /tmp/.sweflow-bg.
+timeout plus a grace period, so a hung daemon call cannot block a caller. Exit code 124 means timed out;
+exit codes always come from exec_inspect, never from a file the sandbox could write. Background commands
+run detached under `setsid -w` with their output in /tmp/.sweflow-bg (informational tails).
 """
 
 from __future__ import annotations
@@ -14,9 +20,12 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import logging
 import math
 import re
+import secrets
 import shlex
+import shutil
 import tarfile
 import tempfile
 import threading
@@ -27,14 +36,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import SandboxError
-from ..util import free_port, sha256_bytes
-from .base import BLACKBOX_PORT, CommandResult, SandboxBase, TemplateRecord, tail
-from .spec import TemplateSpec, artifacts_dockerfile, file_sha256
+from ..util import sha256_bytes
+from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
+from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
+from .logged import LogSink
+from .spec import RUNTIME_DIR, TemplateSpec, artifacts_dockerfile, file_sha256
+
+log = logging.getLogger("sweflow.sandbox.docker")
 
 T = TypeVar("T")
 GRACE = 15.0
 LABEL = "sweflow.sandbox"
 BG_DIR = "/tmp/.sweflow-bg"
+TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
+KILLED_EXIT = 137
+# After run_logged's command ended: kill everything but PID 1 (the init), so nothing it left keeps writing.
+KILL_ALL = ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"]
 _artifact_lock = threading.Lock()
 
 
@@ -62,7 +79,9 @@ def _call(fn: Callable[[], T], timeout: float, what: str, template: str = "", si
 
 
 class DockerProvider:
-    """Options: network ("none"|"host"), cpu (cores), memory_mb, pids_limit, start_server, build_cache, client."""
+    """Options: cpu (cores, default 2), memory_mb (4096), pids_limit (1024), cap_add (capabilities given
+    back after dropping all; default none), start_server, build_cache, client. `network` is always "none"
+    ("host" is accepted from old configs and ignored: the host reaches the server through port_url)."""
 
     name = "docker"
 
@@ -70,21 +89,23 @@ class DockerProvider:
         self,
         *,
         network: str = "none",
-        cpu: float | None = None,
-        memory_mb: int | None = None,
+        cpu: float | None = 2,
+        memory_mb: int | None = 4096,
         pids_limit: int | None = 1024,
+        cap_add: tuple[str, ...] | list[str] = (),
         start_server: bool = True,
         build_cache: bool = True,
         client: Any = None,
     ) -> None:
         if network not in ("none", "host"):
-            raise SandboxError(
-                f"unsupported docker network {network!r}", field="network", hint="none or host"
-            )
+            raise SandboxError(f"unsupported docker network {network!r}", field="network", hint="none")
+        if network == "host":
+            log.warning("docker network 'host' is no longer used: sandboxes get network none and forwarders")
         import docker
 
-        self.network = network
+        self.network = "none"
         self.cpu, self.memory_mb, self.pids_limit = cpu, memory_mb, pids_limit
+        self.cap_add = [str(c).upper() for c in cap_add]
         self.start_server = start_server
         self.build_cache = build_cache
         try:
@@ -207,16 +228,12 @@ class DockerProvider:
         timeout: float,
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
+        egress: str | None = None,
     ) -> DockerSandbox:
-        """Start a container from the template image; its CMD (the server) runs beside a keep-alive."""
+        """Start a container from the template image (a keep-alive with the forwarders), then its server
+        (the image CMD) in its own exec."""
         import docker
 
-        port = free_port() if self.network == "host" else BLACKBOX_PORT
-        envs = {
-            "SWEFLOW_BLACKBOX_PORT": str(port),
-            "SWEFLOW_BLACKBOX_HOST": "127.0.0.1" if self.network == "host" else "0.0.0.0",
-            **(env or {}),
-        }
         labels = {LABEL: "1", "sweflow.template": template}
         labels.update({f"sweflow.meta.{k}": str(v) for k, v in (metadata or {}).items()})
         try:
@@ -228,83 +245,134 @@ class DockerProvider:
                 ) from exc
             raise
         server = _server_cmd(img.attrs.get("Config", {}).get("Cmd")) if self.start_server else ""
-        keep = (
-            f"({server}) >/tmp/sweflow-server.log 2>&1 & exec sleep infinity"
-            if server
-            else "exec sleep infinity"
-        )
-        kw: dict[str, Any] = {}
-        if self.cpu:
-            kw["nano_cpus"] = int(self.cpu * 1e9)
-        if self.memory_mb:
-            kw["mem_limit"] = f"{int(self.memory_mb)}m"
-            kw["memswap_limit"] = f"{int(self.memory_mb)}m"
-        if self.pids_limit:
-            kw["pids_limit"] = self.pids_limit
-        container = _call(
-            lambda: self.client.containers.run(
-                image=template, command=["/bin/bash", "-c", keep], detach=True, network_mode=self.network,
-                environment=envs, labels=labels, auto_remove=False, init=True, working_dir="/testbed", **kw,
-            ),
-            120, "container start", template,
-        )  # fmt: skip
-        return DockerSandbox(self, container, template, port=port, timeout=timeout)
+        folder = Path(tempfile.mkdtemp(prefix="sweflow-docker-"))
+        routes = None
+        try:
+            routes = Routes(folder, egress=egress, blackbox=bool(server))
+            eport = inside_egress_port(egress, BLACKBOX_PORT) if egress else None
+            python = f"{RUNTIME_DIR}/bin/python"
+            fwd = inside_forwarders(
+                python, egress_port=eport, blackbox_port=BLACKBOX_PORT if server else None
+            )
+            keep = (
+                f"if [ -x {python} ]; then\n{fwd}\nfi\nexec sleep infinity" if fwd else "exec sleep infinity"
+            )
+            kw: dict[str, Any] = {}
+            if self.cpu:
+                kw["nano_cpus"] = int(self.cpu * 1e9)
+            if self.memory_mb:
+                kw["mem_limit"] = f"{int(self.memory_mb)}m"
+                kw["memswap_limit"] = f"{int(self.memory_mb)}m"
+            if self.pids_limit:
+                kw["pids_limit"] = self.pids_limit
+            if self.cap_add:
+                kw["cap_add"] = list(self.cap_add)
+            container = _call(
+                lambda: self.client.containers.run(
+                    image=template, command=["/bin/bash", "-c", keep], detach=True, network_mode="none",
+                    environment=dict(env or {}), labels=labels, auto_remove=False, init=True,
+                    working_dir="/testbed", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                    volumes={str(folder): {"bind": SOCKET_DIR, "mode": "rw"}}, **kw,
+                ),
+                120, "container start", template,
+            )  # fmt: skip
+        except BaseException:
+            if routes is not None:
+                routes.close()
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        sb = DockerSandbox(self, container, template, timeout=timeout, routes=routes, folder=folder)
+        sb.egress_url = f"http://127.0.0.1:{eport}" if eport else None
+        try:
+            if server:
+                sb.server = sb.start(
+                    f"exec /bin/bash -c {shlex.quote(server)} >/tmp/sweflow-server.log 2>&1",
+                    env={TOKEN_ENV: sb.blackbox_token},
+                )
+        except BaseException:
+            sb.kill()
+            raise
+        return sb
 
 
 class _DockerBackground:
-    def __init__(self, sb: DockerSandbox, n: int, started: float) -> None:
-        self.sb, self.n, self.started = sb, n, started
+    """A detached exec; its exit code is exec_inspect's, its output tails come from files (informational)."""
+
+    def __init__(self, sb: DockerSandbox, n: int, exec_id: str, started: float) -> None:
+        self.sb, self.n, self.exec_id, self.started = sb, n, exec_id, started
         self._result: CommandResult | None = None
+        self._killed = False
 
     def poll(self) -> CommandResult | None:
         if self._result is not None:
             return self._result
-        d = f"{BG_DIR}/{self.n}"
-        r = self.sb.run(f"cat {d}.rc 2>/dev/null", timeout=30)
-        if not r.stdout.strip():
+        info = self.sb._inspect(self.exec_id)
+        if info.get("Running") or info.get("ExitCode") is None:
             return None
+        rc = KILLED_EXIT if self._killed else int(info["ExitCode"])
+        d = f"{BG_DIR}/{self.n}"
         out = self.sb.run(f"tail -c 64000 {d}.out", timeout=30).stdout
         err = self.sb.run(f"tail -c 64000 {d}.err", timeout=30).stdout
-        self._result = CommandResult(int(r.stdout.strip()), out, err, False, time.monotonic() - self.started)
+        self._result = CommandResult(rc, out, err, False, time.monotonic() - self.started)
         return self._result
 
     def kill(self) -> None:
-        """Kill the command's process group; the wrapper dies too, so record exit 137 on its behalf."""
-        if not self.sb.killed:
+        """Kill the command's process group (the session `setsid` made); poll() then reports 137."""
+        if not self.sb.killed and self._result is None:
+            self._killed = True
             d = f"{BG_DIR}/{self.n}"
-            self.sb.run(
-                f"kill -KILL -- -$(cat {d}.pid) 2>/dev/null; sleep 0.1; [ -e {d}.rc ] || echo 137 > {d}.rc",
-                timeout=30,
-            )
+            self.sb.run(f"kill -KILL -- -$(cat {d}.pid) 2>/dev/null; true", timeout=30)
 
 
 class DockerSandbox(SandboxBase):
     def __init__(
-        self, provider: DockerProvider, container: Any, template: str, *, port: int, timeout: float
+        self,
+        provider: DockerProvider,
+        container: Any,
+        template: str,
+        *,
+        timeout: float,
+        routes: Routes | None = None,
+        folder: Path | None = None,
     ) -> None:
         super().__init__(container.id[:12], template)
-        self.provider, self.container, self.blackbox_port = provider, container, port
+        self.provider, self.container = provider, container
+        self.routes, self.folder = routes, folder
+        self.blackbox_token = secrets.token_urlsafe(32)
+        self.egress_url: str | None = None
+        self.server: _DockerBackground | None = None
         self._bg = itertools.count()
         self._timer = threading.Timer(timeout, self.kill)
         self._timer.daemon = True
         self._timer.start()
 
+    @property
+    def blackbox_port(self) -> int | None:
+        return self.routes.blackbox_port if self.routes else None
+
+    def _create_exec(self, argv: list[str], env=None, cwd=None) -> str:
+        self._check_alive()
+        api = self.provider.api_long
+        ex = _call(
+            lambda: api.exec_create(self.container.id, argv, environment=env, workdir=cwd),
+            60, "exec create", self.template, self.id,
+        )  # fmt: skip
+        return ex["Id"]
+
+    def _inspect(self, exec_id: str) -> dict[str, Any]:
+        return _call(
+            lambda: self.provider.api_long.exec_inspect(exec_id), 60, "exec inspect", self.template, self.id
+        )
+
     def _exec(
         self, argv: list[str], *, timeout: float, env=None, cwd=None
     ) -> tuple[int, bytes, bytes, float]:
-        self._check_alive()
         api = self.provider.api_long
         t0 = time.monotonic()
-        ex = _call(
-            lambda: api.exec_create(self.container.id, argv, environment=env, workdir=cwd),
-            60,
-            "exec create",
-            self.template,
-            self.id,
-        )
+        exec_id = self._create_exec(argv, env, cwd)
 
         def go() -> tuple[bytes | None, bytes | None]:
-            return api.exec_start(ex["Id"], demux=True)
+            return api.exec_start(exec_id, demux=True)
 
         try:
             out, err = _call(go, timeout + GRACE, "exec", self.template, self.id)
@@ -312,7 +380,7 @@ class DockerSandbox(SandboxBase):
             if "timed out" not in str(exc):
                 raise
             return 124, b"", b"client-side timeout", time.monotonic() - t0
-        rc = _call(lambda: api.exec_inspect(ex["Id"]), 60, "exec inspect", self.template, self.id)["ExitCode"]
+        rc = self._inspect(exec_id)["ExitCode"]
         return (rc if rc is not None else -1), out or b"", err or b"", time.monotonic() - t0
 
     def run(self, cmd: str, *, timeout: float, env=None, cwd=None) -> CommandResult:
@@ -326,29 +394,70 @@ class DockerSandbox(SandboxBase):
             rc, tail(out.decode("utf-8", "replace")), tail(err.decode("utf-8", "replace")), timed_out, dur
         )
 
+    def run_logged(
+        self,
+        cmd: str,
+        log_path: str,
+        *,
+        timeout: float,
+        env=None,
+        cwd=None,
+        max_bytes: int = LOGGED_MAX_BYTES,
+    ) -> CommandResult:
+        """Run `cmd` with its output streamed to the host file `log_path`; exit code from exec_inspect.
+
+        The exec's end is watched with exec_inspect (the stream stays open while any daemon holds the
+        pipe); then every process but PID 1 is killed, so the stream ends and nothing writes later.
+        """
+        api = self.provider.api_long
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        exec_id = self._create_exec(["/bin/bash", "-c", cmd], env, cwd)
+        sink = LogSink(log_path, max_bytes)
+
+        def stream() -> None:
+            try:
+                for out, err in api.exec_start(exec_id, stream=True, demux=True):
+                    for chunk in (out, err):
+                        if chunk:
+                            sink.write(chunk)
+            except Exception as exc:  # noqa: BLE001 - the stream ends when the container's processes die
+                log.debug("run_logged stream of %s: %s", self.id, exc)
+
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        timed_out = False
+        rc: int | None = None
+        try:
+            while True:
+                info = self._inspect(exec_id)
+                if not info.get("Running") and info.get("ExitCode") is not None:
+                    rc = int(info["ExitCode"])
+                    break
+                if time.monotonic() > deadline:
+                    timed_out, rc = True, 124
+                    break
+                time.sleep(0.05)
+        finally:
+            with contextlib.suppress(SandboxError):
+                self._exec(KILL_ALL, timeout=30)
+            reader.join(30)
+            sink.close()
+        return CommandResult(rc if rc is not None else -1, "", "", timed_out, time.monotonic() - t0)
+
     def start(self, cmd: str, *, env=None, cwd=None) -> _DockerBackground:
         n = next(self._bg)
         d = f"{BG_DIR}/{n}"
-        wrapper = (
-            f'mkdir -p {BG_DIR}; echo $$ > {d}.pid; /bin/bash -c "$1" > {d}.out 2> {d}.err; '
-            f"echo $? > {d}.rc.tmp; mv {d}.rc.tmp {d}.rc"
-        )
+        # setsid -w: the command leads its own session (one group to kill), and the exec's exit is its exit
+        wrapper = f'echo $$ > {d}.pid; exec /bin/bash -c "$1" > {d}.out 2> {d}.err'
         self._check_alive()
+        r = self.run(f"mkdir -p {BG_DIR}", timeout=30)
+        if not r.ok:
+            raise SandboxError(f"start: mkdir failed: {r.stderr.strip()}", file=self.template, row=self.id)
+        exec_id = self._create_exec(["setsid", "-w", "/bin/bash", "-c", wrapper, "bg", cmd], env, cwd)
         api = self.provider.api_long
-        ex = _call(
-            lambda: api.exec_create(
-                self.container.id,
-                ["setsid", "/bin/bash", "-c", wrapper, "bg", cmd],
-                environment=env,
-                workdir=cwd,
-            ),
-            60,
-            "exec create",
-            self.template,
-            self.id,
-        )
-        _call(lambda: api.exec_start(ex["Id"], detach=True), 60, "exec start", self.template, self.id)
-        return _DockerBackground(self, n, time.monotonic())
+        _call(lambda: api.exec_start(exec_id, detach=True), 60, "exec start", self.template, self.id)
+        return _DockerBackground(self, n, exec_id, time.monotonic())
 
     def write_file(self, path: str, data: bytes | str, *, timeout: float = 60) -> None:
         payload = data.encode("utf-8") if isinstance(data, str) else data
@@ -381,14 +490,15 @@ class DockerSandbox(SandboxBase):
         return _call(go, timeout, "read_file", path, self.id)
 
     def port_url(self, port: int) -> str:
-        if self.provider.network != "host":
+        """The host URL of the blackbox server (the only port reachable from the host)."""
+        if port != BLACKBOX_PORT or self.blackbox_port is None:
             raise SandboxError(
-                f"port {port} is not reachable from the host with network=none",
+                f"port {port} of a docker sandbox is not reachable from the host",
                 file=self.template,
                 row=self.id,
-                hint="use network=host, or curl from inside the sandbox",
+                hint=f"only the blackbox server (:{BLACKBOX_PORT}, start_server=True) is forwarded",
             )
-        return f"http://127.0.0.1:{self.blackbox_port if port == BLACKBOX_PORT else port}"
+        return f"http://127.0.0.1:{self.blackbox_port}"
 
     def _kill(self) -> None:
         self._timer.cancel()
@@ -397,6 +507,11 @@ class DockerSandbox(SandboxBase):
         except SandboxError as exc:
             if "No such container" not in str(exc) and "is already in progress" not in str(exc):
                 raise
+        finally:
+            if self.routes is not None:
+                self.routes.close()
+            if self.folder is not None:
+                shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _server_cmd(cmd: list[str] | None) -> str:
@@ -412,7 +527,6 @@ def _server_cmd(cmd: list[str] | None) -> str:
 
 def _link_or_copy(src: Path, dst: Path) -> None:
     import os
-    import shutil
 
     try:
         os.link(src, dst)

@@ -52,6 +52,7 @@ from ..util import atomic_write_json, log, read_json, run_cmd, sha256_bytes, sta
 from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .images import CONDA_ACTIVATE, CONDA_BIN
+from .logged import LogSink
 from .spec import CLAUDE_PATH, RUNTIME_DIR, TemplateSpec
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -557,7 +558,7 @@ class LocalSandbox(SandboxBase):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
-        sink = _LogSink(log_path, max_bytes)
+        sink = LogSink(log_path, max_bytes)
         reader = threading.Thread(target=sink.drain, args=(proc.stdout,), daemon=True)
         reader.start()
         timed_out = False
@@ -625,48 +626,6 @@ class LocalSandbox(SandboxBase):
 
 
 # ---- helpers -----------------------------------------------------------------------------------------
-class _LogSink:
-    """Appends a pipe's bytes to a host file, at most `max_bytes` of them, then one truncation note."""
-
-    def __init__(self, path: str | os.PathLike, max_bytes: int) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path, "ab")  # noqa: SIM115 - closed in close()
-        self.left = max_bytes
-        self.cut = False
-        self.lock = threading.Lock()
-
-    def write(self, data: bytes) -> None:
-        with self.lock:
-            if self.fh is None or self.cut:
-                return
-            if len(data) > self.left:
-                self.fh.write(data[: self.left])
-                self.fh.write(b"\n[sweflow: log truncated: output past the byte limit was dropped]\n")
-                self.cut = True
-                self.left = 0
-            else:
-                self.fh.write(data)
-                self.left -= len(data)
-            self.fh.flush()
-
-    def drain(self, pipe: Any) -> None:
-        fd = pipe.fileno()
-        try:
-            while chunk := os.read(fd, 65536):
-                self.write(chunk)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                pipe.close()
-
-    def close(self) -> None:
-        with self.lock:
-            if self.fh is not None:
-                self.fh.close()
-                self.fh = None
-
-
 def _read_all(fd: int, timeout: float) -> bytes:
     """Read a pipe to EOF within `timeout` seconds (bwrap's --info-fd)."""
     data = b""

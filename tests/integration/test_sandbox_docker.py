@@ -50,10 +50,10 @@ def env(tmp_path_factory):
     row = sample_rows("train")[0]
     [task_image] = build_sample_images([row], repo_path=info.path)
     spec = TemplateSpec(image=task_image, claude_binary=paths["claude"], runtime_wheel=paths["wheel"])
-    provider = DockerProvider(network="host")
+    provider = DockerProvider()
     rec = build_and_record(provider, task_image, tmp / "record.json", spec=spec, attempts=2, backoff=1)
     assert rec["ok"], rec
-    return {"client": client, "host": provider, "none": DockerProvider(network="none"), "template": rec["template"],
+    return {"client": client, "host": provider, "none": DockerProvider(start_server=False), "template": rec["template"],
             "task_image": task_image, "row": row, "tmp": tmp, "spec": spec, "record": rec}  # fmt: skip
 
 
@@ -152,22 +152,33 @@ def test_resource_limits_are_applied_and_enforced(env):
         assert sb.run("echo alive", timeout=10).stdout == "alive\n"
 
 
-def test_smoke_with_host_and_none_networks(env):
-    host = smoke(env["host"], env["template"])
-    assert host["ok"] and host["host_reachable"] and host["template"] == env["template"]
-    assert "version" in host["status_keys"] and host["version"]
-    none = smoke(env["none"], env["template"])
-    assert none["ok"] and not none["host_reachable"] and none["version"] == host["version"]
+def test_smoke_reaches_the_server_from_the_host(env):
+    result = smoke(env["host"], env["template"])
+    assert result["ok"] and result["host_reachable"] and result["template"] == env["template"]
+    assert "version" in result["status_keys"] and result["version"]
 
 
-def test_host_network_gives_each_sandbox_its_own_port(env):
+def test_containers_are_locked_down(env):
+    with env["host"].create(env["template"], timeout=120) as sb:
+        hc = env["client"].containers.get(sb.container.id).attrs["HostConfig"]
+        assert hc["NetworkMode"] == "none" and hc["CapDrop"] == ["ALL"] and not hc["CapAdd"]
+        assert hc["SecurityOpt"] == ["no-new-privileges"] and not hc["Privileged"]
+        assert (hc["NanoCpus"], hc["Memory"], hc["PidsLimit"]) == (2 * 10**9, 4096 * 2**20, 1024)
+        assert [m.split(":")[1] for m in hc["Binds"]] == ["/run/sweflow"]
+        env_list = env["client"].containers.get(sb.container.id).attrs["Config"]["Env"]
+        assert not any(e.startswith("SWEFLOW_BLACKBOX_TOKEN") for e in env_list)
+        assert "SWEFLOW_BLACKBOX_TOKEN" not in sb.run("env", timeout=10).stdout
+
+
+def test_each_sandbox_gets_its_own_host_route(env):
     with (
         env["host"].create(env["template"], timeout=120) as a,
         env["host"].create(env["template"], timeout=120) as b,
     ):
         urls = {a.port_url(BLACKBOX_PORT), b.port_url(BLACKBOX_PORT)}
         assert len(urls) == 2
-        for url in urls:
+        for sb in (a, b):
+            url = sb.port_url(BLACKBOX_PORT)
             deadline = time.monotonic() + 30
             while True:
                 try:
@@ -177,18 +188,48 @@ def test_host_network_gives_each_sandbox_its_own_port(env):
                 except OSError:
                     assert time.monotonic() < deadline
                     time.sleep(0.3)
+            req = urllib.request.Request(
+                url + "/v1/status", headers={"Authorization": f"Bearer {sb.blackbox_token}"}
+            )
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                assert "version" in json.loads(resp.read())
+        assert a.blackbox_token != b.blackbox_token
+        with pytest.raises(SandboxError, match="not reachable from the host"):
+            a.port_url(8080)
     with env["none"].create(env["template"], timeout=120) as c:
         with pytest.raises(SandboxError, match="not reachable from the host"):
             c.port_url(BLACKBOX_PORT)
-        assert c.run("curl -fsS http://127.0.0.1:31000/health", timeout=30).ok or _eventually_healthy(c)
 
 
-def _eventually_healthy(sb) -> bool:
-    for _ in range(60):
-        if sb.run("curl -fsS http://127.0.0.1:31000/health", timeout=10).ok:
-            return True
-        time.sleep(0.5)
-    return False
+def test_run_logged_is_the_trusted_channel(env, tmp_path):
+    with env["none"].create(env["template"], timeout=300) as sb:
+        log = tmp_path / "eval.log"
+        r = sb.run_logged("echo out; echo err >&2; exit 3", str(log), timeout=30)
+        assert (r.exit_code, r.timed_out, r.stdout, r.stderr) == (3, False, "", "")
+        assert sorted(log.read_text().splitlines()) == ["err", "out"]
+        # a daemon that outlives the command is killed: its late write never lands, the call returns
+        log2 = tmp_path / "daemon.log"
+        t0 = time.monotonic()
+        r = sb.run_logged("(sleep 2; echo LATE) & disown; echo early; exit 0", str(log2), timeout=30)
+        assert r.exit_code == 0 and time.monotonic() - t0 < 10
+        time.sleep(2.5)
+        assert log2.read_text() == "early\n"
+    with env["none"].create(env["template"], timeout=300) as sb:
+        # the command cannot forge its status or its log through files in the sandbox
+        log3 = tmp_path / "forge.log"
+        r = sb.run_logged(
+            "echo FAILED; : > /proc/self/fd/1 2>/dev/null; echo 0 > /tmp/rc; exit 1", str(log3), timeout=30
+        )
+        assert r.exit_code == 1 and "FAILED" in log3.read_text()
+        log4 = tmp_path / "big.log"
+        r = sb.run_logged("head -c 5000 /dev/zero | tr '\\0' x", str(log4), timeout=30, max_bytes=1000)
+        text = log4.read_text()
+        assert r.exit_code == 0 and text.startswith("x" * 1000) and "truncated" in text and len(text) < 1200
+    with env["none"].create(env["template"], timeout=300) as sb:
+        t0 = time.monotonic()
+        r = sb.run_logged("echo start; sleep 60", str(tmp_path / "slow.log"), timeout=2)
+        assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 20
+        assert (tmp_path / "slow.log").read_text() == "start\n"
 
 
 def test_failed_builds_are_recorded_and_others_still_build(env):

@@ -184,3 +184,41 @@ def test_missing_template_and_smoke_failure_name_the_template(tmp_path):
     with pytest.raises(SandboxError) as ei:
         smoke(provider, "nope")
     assert ei.value.file == "nope" and ei.value.field == "create"
+
+
+def test_sandbox_runs_unprivileged_and_sees_only_its_workspace(local):
+    provider, template, _ = local
+    with provider.create(template, timeout=120) as sb:
+        r = sb.run("id -u; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; ls /", timeout=10)
+        lines = r.stdout.split()
+        assert lines[:5] == ["65534", "CapEff:", "0000000000000000", "NoNewPrivs:", "1"], r
+        assert not {"work", "home", "srv", "mnt"} & set(lines[5:]), lines
+        assert sb.run("ls /run", timeout=10).stdout.split() == ["sweflow"]
+        r = sb.run("git status --short && touch /testbed/x && echo ok", timeout=30)
+        assert r.ok and r.stdout.endswith("ok\n"), r
+
+
+def test_run_logged_is_the_trusted_channel(local, tmp_path):
+    provider, template, _ = local
+    with provider.create(template, timeout=120) as sb:
+        log = tmp_path / "eval.log"
+        r = sb.run_logged("echo out; echo err >&2; exit 3", str(log), timeout=30)
+        assert (r.exit_code, r.timed_out, r.stdout, r.stderr) == (3, False, "", "")
+        assert log.read_text() == "out\nerr\n"
+        # a daemon that outlives the command dies with its pid namespace: its late write never lands
+        log2 = tmp_path / "daemon.log"
+        r = sb.run_logged("(setsid sh -c 'sleep 1; echo LATE') & disown; echo early", str(log2), timeout=30)
+        time.sleep(1.5)
+        assert r.exit_code == 0 and log2.read_text() == "early\n"
+        # files in the sandbox cannot rewrite the log or the status
+        log3 = tmp_path / "forge.log"
+        r = sb.run_logged("echo FAILED; : > /proc/self/fd/1; echo 0 > /tmp/rc; exit 1", str(log3), timeout=30)
+        assert r.exit_code == 1 and log3.read_text().startswith("FAILED\n")
+        log4 = tmp_path / "big.log"
+        r = sb.run_logged("head -c 5000 /dev/zero | tr '\\0' x", str(log4), timeout=30, max_bytes=1000)
+        text = log4.read_text()
+        assert r.exit_code == 0 and text.startswith("x" * 1000) and "truncated" in text and len(text) < 1200
+        t0 = time.monotonic()
+        r = sb.run_logged("echo start; sleep 60", str(tmp_path / "slow.log"), timeout=1.5)
+        assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 10
+        assert (tmp_path / "slow.log").read_text() == "start\n"
