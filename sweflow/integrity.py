@@ -86,7 +86,9 @@ class IntegrityRules:
         r"load_initial|cmdline|plugin|itemcollected|deselected|ignore_collect|pycollect|pyfunc)",
         r"/proc/",
         r"/dev/fd/",
-        r"\bos\.(fork|forkpty|kill|killpg|_exit|setsid|setpgrp|dup2|ftruncate|truncate|ptrace)\b",
+        # Calls by name, whatever the module is imported as (`import os as _os; _os.kill(...)`).
+        r"\b(fork|forkpty|kill|killpg|_exit|setsid|setpgrp|setpgid|getppid|dup2|ftruncate|ptrace|prctl)\s*\(",
+        r"\bfrom\s+(os|posix|signal)\s+import\b",
         r"\bsys\.(__stdout__|__stderr__|settrace|setprofile)\b",
         r"\bsys\.(stdout|stderr)\s*=[^=]",
         r"\bsys\.modules\s*\[\s*['\"](_?pytest|unittest)",
@@ -94,7 +96,7 @@ class IntegrityRules:
         r"\bptrace\b",
         r"\batexit\b",
         r"SWEFLOW_",
-        r"\bsignal\.SIG(KILL|STOP|TERM)\b",
+        r"\bSIG(KILL|STOP|TERM)\b",
     )
 
     @classmethod

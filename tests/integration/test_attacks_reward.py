@@ -43,12 +43,26 @@ def _required(inst) -> list[str]:
     return list(inst["FAIL_TO_PASS"]) + list(inst["PASS_TO_PASS"])
 
 
-def _forged_lines(inst) -> str:
+def _forged_lines(inst, *, markers: bool = True) -> str:
     """Everything an in-sandbox grader would have believed: PASSED lines, an exit code, a reward marker."""
     marker = {"resolved": True, "failure_reason": None, "fail_to_pass_success": len(inst["FAIL_TO_PASS"])}
     lines = [f"PASSED {t}" for t in _required(inst)]
-    lines += ["SWEFLOW_TEST_EXIT_CODE=0", "SWEFLOW_REWARD_JSON=" + json.dumps(marker)]
+    if markers:
+        lines += ["SWEFLOW_TEST_EXIT_CODE=0", "SWEFLOW_REWARD_JSON=" + json.dumps(marker)]
     return "\n".join(lines) + "\n"
+
+
+def _write_every_fd(lines: str) -> str:
+    """Module code that writes `lines` to every open descriptor: pytest's capture replaces fds 1 and 2,
+    but keeps a duplicate of the real stdout open, and that one reaches the log."""
+    return f"""
+    import os as _os
+    for _fd in range(1, 64):
+        try:
+            _os.write(_fd, {lines.encode()!r})
+        except OSError:
+            pass
+    """
 
 
 def _init_with(env, inst, code: str) -> str:
@@ -105,8 +119,8 @@ def kill_the_evaluation(env, inst) -> str:
 
 
 def forged_passed_lines(env, inst) -> str:
-    """Print PASSED lines for every required test (no daemon, no /proc: plain output on import)."""
-    return _init_with(env, inst, f"print({_forged_lines(inst)!r})\n")
+    """PASSED lines for every required test, written past pytest's capture (no daemon, no /proc)."""
+    return _init_with(env, inst, _write_every_fd(_forged_lines(inst, markers=False)))
 
 
 def conftest_forces_pass(env, inst) -> str:
@@ -146,7 +160,7 @@ CHECKED_ATTACKS = {
 RUNTIME_ATTACKS = {
     "forge_marker_daemon": (forge_marker_daemon, {"log_contradicts_exit_code", "fail_to_pass_failure"}),
     "kill_the_evaluation": (kill_the_evaluation, {"eval_timeout", "no_tests_parsed", "fail_to_pass_failure"}),
-    "forged_passed_lines": (forged_passed_lines, {"log_contradicts_exit_code"}),
+    "forged_passed_lines": (forged_passed_lines, {"log_contradicts_exit_code", "fail_to_pass_failure"}),
 }
 
 
@@ -180,7 +194,8 @@ def test_runtime_attack_fails_on_host_grading_alone(env, task, name):
 def test_forged_lines_on_top_of_the_real_fix_are_caught(env, task):
     """Even with the fix in place, a second PASSED line for a required test is not a test runner's."""
     base = task["base_commit"]
-    text = env.read_base(base, "calclib/__init__.py") + f"\nprint({_forged_lines(task)!r})\n"
+    code = textwrap.dedent(_write_every_fd(_forged_lines(task, markers=False)))
+    text = env.read_base(base, "calclib/__init__.py") + "\n" + code
     combined = env.make_patch(base, {"calclib/__init__.py": text}, on_top_of=task["patch"])
     res = _evaluate(env, task, combined)
     assert (res.reward, res.failure_reason) == (0.0, "duplicate_status_lines"), res.output_tail[-1500:]

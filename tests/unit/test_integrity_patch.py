@@ -114,6 +114,9 @@ def test_files_the_eval_script_relies_on_are_refused(patch, rule):
         "atexit.register(rewrite)",
         "os.ftruncate(1, 0)",
         "sys.modules['pytest'].main = fake",
+        "_os.kill(-1, _signal.SIGKILL)",
+        "from os import fork as f",
+        "_o.dup2(w, 1)",
     ],
 )
 def test_code_that_reaches_for_the_test_run_is_refused(line):
