@@ -160,9 +160,12 @@ def test_a_hostile_agent_cannot_escape(world, host_services):
         assert r.ok, r
         got = json.loads(r.stdout)
         egress_port = int(a.egress_url.rsplit(":", 1)[1])
+    print(provider.name, "probe results:", json.dumps(got, sort_keys=True))  # shown with -s / on failure
     assert got["cap_eff"] == 0 and got["cap_prm"] == 0, got
     assert got["docker_sock"] == [], got
-    assert got["remounted"] == [] and not got["usr_writable"], got
+    assert got["remounted"] == [], got
+    if provider.name == "local":  # the host's /usr (a container's /usr is its own copy)
+        assert not got["usr_writable"], got
     assert got["gold"] is False and got["other_paths"] == [], got
     assert got["proc_leaks"] == [], got
     assert got["other_blackbox"] == [], "neither B's nor A's own host-side port is reachable from inside"
