@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+TOKENS: dict[str, str] = {}  # session id -> its bearer token
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -57,7 +58,9 @@ def run_session(
             "stream": stream,
         }
         t0 = time.perf_counter()
-        resp = client.post("/v1/messages?beta=true", json=payload, headers={"Authorization": f"Bearer {sid}"})
+        resp = client.post(
+            "/v1/messages?beta=true", json=payload, headers={"Authorization": f"Bearer {TOKENS[sid]}"}
+        )
         lat.append(time.perf_counter() - t0)
         if resp.status_code != 200:
             errors.append(f"{sid} call {k}: HTTP {resp.status_code} {resp.text[:120]}")
@@ -99,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with ProxyServer(TailEchoEngine(), tok, ProxyConfig()) as proxy:
         limits = httpx.Limits(max_connections=args.sessions + 8, max_keepalive_connections=args.sessions + 8)
+        admin = {"Authorization": f"Bearer {proxy.admin_token}"}
         with httpx.Client(base_url=proxy.url, timeout=120, limits=limits) as client:
             for sid in ["seq-json", "seq-sse", *names]:
-                client.post("/session/create", json={"session_id": sid}).raise_for_status()
+                created = client.post("/session/create", json={"session_id": sid}, headers=admin)
+                TOKENS[sid] = created.raise_for_status().json()["token"]
 
             for label, stream in (("json", False), ("sse", True)):
                 lat: list[float] = []
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             leaks = 0
             folded = 0
             for sid in names:
-                traj = client.post("/trajectory/read", json={"session_id": sid}).json()
+                traj = client.post("/trajectory/read", json={"session_id": sid}, headers=admin).json()
                 if len(traj["turns"]) != args.calls:
                     failures.append(f"{sid}: {len(traj['turns'])} turns recorded, expected {args.calls}")
                 folded += len(traj["samples"]) == 1

@@ -29,11 +29,14 @@ pytestmark = [
 ]
 
 BUGGY = "def add(a, b):\n    return a - b\n"
+TOKEN = "blackbox-test-token-0123456789"  # the sandbox's blackbox secret
+ROUTER_TOKEN = "proxy-session-token-abcdef"  # the agent's credential at the router
 
 
 def call(url: str, method: str = "GET", body: object = None, timeout: float = 120):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, method=method, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
+    req = urllib.request.Request(url, method=method, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
@@ -58,6 +61,7 @@ def register(url: str, router_url: str, repo: Path, sid: str, mode: str, **extra
         "agent_type": "claude_code",
         "router_url": router_url,
         "session_id": sid,
+        "router_token": ROUTER_TOKEN,
         "instance_id": "sweflow__calclib-1",
         "backend_options": {"working_directory": str(repo), "max_turns": 6, "permission_mode": mode, **extra},
     }
@@ -76,7 +80,7 @@ def test_claude_reads_and_edits_a_file_through_the_blackbox(repo, tmp_path):
     sid = "sweflow__calclib-1.rollout:0"
     with (
         AnthropicStub(policy) as stub,
-        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb,
+        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE, token=TOKEN) as bb,
     ):
         register(bb.url, stub.url, repo, sid, "acceptEdits")
         status, out = call(
@@ -95,10 +99,10 @@ def test_claude_reads_and_edits_a_file_through_the_blackbox(repo, tmp_path):
         ]
         assert (repo / "calc.py").read_text() == BUGGY.replace("a - b", "a + b")
 
-        # The agent's traffic: every scripted request carried the session id as bearer token, and the
+        # The agent's traffic: every scripted request carried the router token as bearer, and the
         # tool results of the Read and the Edit came back to the model.
         served = stub.agent_requests
-        assert len(served) == 3 and {r.bearer for r in served} == {sid}
+        assert len(served) == 3 and {r.bearer for r in served} == {ROUTER_TOKEN}
         assert not any(r.has_api_key for r in stub.requests)
         assert all(r.path.startswith("/v1/messages") for r in stub.requests)
         assert {"Read", "Edit", "Bash"} <= set(served[0].tool_names())
@@ -134,7 +138,7 @@ def test_abort_kills_a_running_bash_tool(repo, tmp_path):
     sid = "abort-1"
     with (
         AnthropicStub(policy) as stub,
-        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb,
+        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE, token=TOKEN) as bb,
     ):
         register(bb.url, stub.url, repo, sid, "bypassPermissions")
         answer: dict = {}
@@ -167,7 +171,7 @@ def test_unreachable_router_is_a_result_with_is_error(repo, tmp_path):
     with socket.socket() as sock:  # a loopback port nobody listens on once this socket is closed
         sock.bind(("127.0.0.1", 0))
         dead_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    with BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE) as bb:
+    with BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE, token=TOKEN) as bb:
         # The CLI gets ECONNREFUSED and, with no retries, reports an API error as its result.
         register(bb.url, dead_url, repo, "down-1", "acceptEdits", max_retries=0)
         status, out = call(f"{bb.url}/v1/sessions/down-1/messages", "POST", {"content": "hi"}, timeout=60)

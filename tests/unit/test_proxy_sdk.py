@@ -29,8 +29,11 @@ def test_sdk_roundtrip_json_stream_and_beta():
     tok = tiny_tokenizer()
     turns = [format_qwen_xml("Bash", {"command": "pytest -rA"}), "Streaming answer text.", "beta ok"]
     with ProxyServer(ScriptedEngine(turns, tok), tok, ProxyConfig()) as proxy:
-        httpx.post(proxy.url + "/session/create", json={"session_id": "sdk-1"})
-        client = anthropic.Anthropic(base_url=proxy.url, auth_token="sdk-1", api_key=None, max_retries=0)
+        admin = {"Authorization": f"Bearer {proxy.admin_token}"}
+        token = httpx.post(proxy.url + "/session/create", json={"session_id": "sdk-1"}, headers=admin).json()[
+            "token"
+        ]
+        client = anthropic.Anthropic(base_url=proxy.url, auth_token=token, api_key=None, max_retries=0)
         msg = client.messages.create(
             model="tiny",
             max_tokens=100,
@@ -52,7 +55,14 @@ def test_sdk_roundtrip_json_stream_and_beta():
         assert beta.content[0].text == "beta ok"
         count = client.messages.count_tokens(model="tiny", messages=[{"role": "user", "content": "b"}])
         assert count.input_tokens > 0
-        keyed = anthropic.Anthropic(base_url=proxy.url, api_key="nobody", max_retries=0)
-        with pytest.raises(anthropic.NotFoundError):
-            keyed.messages.create(model="tiny", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+        keyed = anthropic.Anthropic(base_url=proxy.url, api_key=token, max_retries=0)  # x-api-key works too
+        assert keyed.messages.count_tokens(
+            model="tiny", messages=[{"role": "user", "content": "x"}]
+        ).input_tokens
+        for wrong in ("nobody", "sdk-1"):  # a made-up key, or the session id, is no credential
+            stranger = anthropic.Anthropic(base_url=proxy.url, api_key=wrong, max_retries=0)
+            with pytest.raises(anthropic.AuthenticationError):
+                stranger.messages.create(
+                    model="tiny", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+                )
         assert len(proxy.read_trajectory("sdk-1")["turns"]) == 3
