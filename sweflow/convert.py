@@ -1,4 +1,10 @@
-"""One validated dataset row -> one training JSONL row (no gold patch anywhere)."""
+"""One validated dataset row -> one training JSONL row (no gold patch anywhere).
+
+The row's ``blackbox_execute_cmds.after_agent`` evaluator (the official eval script plus an in-sandbox
+parser that prints a reward marker) is kept for trainers that grade the recipe's way; it TRUSTS the
+sandbox it runs in. sweflow itself never reads that marker: ``sweflow.evaluate`` runs the same script
+through the provider and grades the log on the host (``metadata.harness.parser`` names the parser).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,8 @@ INTEGRITY_RULES = """
 Rules for this task:
 - Work only inside {workdir}; the repository is already checked out at the commit to fix.
 - Do not modify, add or delete test files or test configuration (tests/, test_*.py, *_test.py, conftest.py,
-  pytest.ini, tox.ini). Your change is graded by the project's own tests.
+  pytest.ini, tox.ini, test settings in setup.cfg/pyproject.toml, sitecustomize.py, .pth files), and do not
+  write code that interferes with how the tests run. Your change is graded by the project's own tests.
 - Do not fetch the project, its history, its issues or any patch from the network (no git clone/fetch/pull,
   curl, wget, gh, or web tools). Solve the problem from the code in front of you.
 - Make the smallest change that fixes the problem.""".strip()
