@@ -50,8 +50,12 @@ LABEL = "sweflow.sandbox"
 BG_DIR = "/tmp/.sweflow-bg"
 TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
 KILLED_EXIT = 137
-# After run_logged's command ended: kill everything but PID 1 (the init), so nothing it left keeps writing.
-KILL_ALL = ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"]
+# After run_logged's command ended: kill every process but PID 1 (the init) and the ones the sandbox was
+# created with (keep-alive, forwarders; their pids recorded at start), so nothing it left keeps writing.
+_KILL_REST = (
+    'for p in /proc/[0-9]*; do p=${p#/proc/}; case " 1 $$ $1 " in *" $p "*) ;; *) kill -9 $p 2>/dev/null;;'
+    " esac; done; true"
+)
 _artifact_lock = threading.Lock()
 
 
@@ -284,6 +288,7 @@ class DockerProvider:
         sb = DockerSandbox(self, container, template, timeout=timeout, routes=routes, folder=folder)
         sb.egress_url = f"http://127.0.0.1:{eport}" if eport else None
         try:
+            sb._record_base_pids()
             if server:
                 sb.server = sb.start(
                     f"exec /bin/bash -c {shlex.quote(server)} >/tmp/sweflow-server.log 2>&1",
@@ -341,6 +346,7 @@ class DockerSandbox(SandboxBase):
         self.blackbox_token = secrets.token_urlsafe(32)
         self.egress_url: str | None = None
         self.server: _DockerBackground | None = None
+        self.base_pids = ""
         self._bg = itertools.count()
         self._timer = threading.Timer(timeout, self.kill)
         self._timer.daemon = True
@@ -349,6 +355,20 @@ class DockerSandbox(SandboxBase):
     @property
     def blackbox_port(self) -> int | None:
         return self.routes.blackbox_port if self.routes else None
+
+    def _record_base_pids(self) -> None:
+        """Remember the keep-alive (PID 1's child) and its children (the forwarders), before any command."""
+        script = (
+            "k=$(cat /proc/1/task/*/children); for _ in $(seq 50); do"
+            ' [ "$(cat /proc/$k/comm 2>/dev/null)" = sleep ] && break; sleep 0.1; done;'
+            " echo $k $(cat /proc/$k/task/*/children 2>/dev/null)"
+        )
+        r = self.run(script, timeout=30)
+        self.base_pids = " ".join(p for p in r.stdout.split() if p.isdigit())
+
+    def _kill_leftovers(self) -> None:
+        with contextlib.suppress(SandboxError):
+            self._exec(["/bin/sh", "-c", _KILL_REST, "kill", self.base_pids], timeout=30)
 
     def _create_exec(self, argv: list[str], env=None, cwd=None) -> str:
         self._check_alive()
@@ -407,7 +427,8 @@ class DockerSandbox(SandboxBase):
         """Run `cmd` with its output streamed to the host file `log_path`; exit code from exec_inspect.
 
         The exec's end is watched with exec_inspect (the stream stays open while any daemon holds the
-        pipe); then every process but PID 1 is killed, so the stream ends and nothing writes later.
+        pipe); then every process but the init, the keep-alive and the forwarders is killed (the server
+        too), so the stream ends and nothing writes later.
         """
         api = self.provider.api_long
         t0 = time.monotonic()
@@ -439,8 +460,7 @@ class DockerSandbox(SandboxBase):
                     break
                 time.sleep(0.05)
         finally:
-            with contextlib.suppress(SandboxError):
-                self._exec(KILL_ALL, timeout=30)
+            self._kill_leftovers()
             reader.join(30)
             sink.close()
         return CommandResult(rc if rc is not None else -1, "", "", timed_out, time.monotonic() - t0)
