@@ -13,10 +13,13 @@ a create whose answer was lost to a timeout does not leave a second sandbox behi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import secrets
 import shlex
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -38,7 +41,8 @@ from e2b import Sandbox as SdkSandbox
 
 from ..errors import SandboxError
 from ..util import redact, retry
-from .base import OUTPUT_TAIL_CHARS, CommandResult, SandboxBase, TemplateRecord, tail
+from .base import LOGGED_MAX_BYTES, OUTPUT_TAIL_CHARS, CommandResult, SandboxBase, TemplateRecord, tail
+from .logged import LogSink
 
 log = logging.getLogger("sweflow.sandbox.e2b")
 
@@ -47,6 +51,8 @@ T = TypeVar("T")
 TIMED_OUT_EXIT_CODE = 124  # what coreutils `timeout` returns; used when a command hit its deadline
 KILLED_EXIT_CODE = 137  # 128 + SIGKILL: a background command stopped by kill()
 CONTROL_TIMEOUT = 60.0  # seconds for the short helper commands of background jobs
+TOKEN_FILE = "/run/sweflow/blackbox.token"  # where the server looks (its start command never sees our envs)
+RUN_MARK = "SWEFLOW_LOGGED_RUN"  # marks run_logged's processes so leftovers can be found and killed
 
 
 class _Transient(Exception):
@@ -194,8 +200,12 @@ class E2BProvider:
         timeout: float,
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
+        egress: str | None = None,
     ) -> E2BSandbox:
-        """Start a sandbox from `template`; `timeout` (s) is its lifetime. `env` reaches every command."""
+        """Start a sandbox from `template`; `timeout` (s) is its lifetime. `env` reaches every command.
+
+        `egress` is ignored: an E2B sandbox reaches the proxy by its public URL (egress_url is None). The
+        blackbox token is written to /run/sweflow/blackbox.token right after the start."""
         key = uuid.uuid4().hex  # one key for all tries: a lost answer does not leave a twin sandbox
         lifetime = max(1, int(timeout + 0.999))
 
@@ -223,7 +233,13 @@ class E2BProvider:
                 ) from cause
             raise
         log.info("e2b sandbox %s started from template %s", sdk.sandbox_id, template)
-        return E2BSandbox(sdk, template, self)
+        sb = E2BSandbox(sdk, template, self)
+        try:
+            sb.write_file(TOKEN_FILE, sb.blackbox_token)
+        except BaseException:
+            sb.kill()
+            raise
+        return sb
 
     # -- templates -------------------------------------------------------------------------------
     def build_template(
@@ -330,6 +346,8 @@ class E2BSandbox(SandboxBase):
         super().__init__(sdk.sandbox_id, template)
         self.sdk = sdk
         self.provider = provider
+        self.blackbox_token = secrets.token_urlsafe(32)
+        self.egress_url: str | None = None
 
     def _error(self, what: str, exc: BaseException) -> SandboxError:
         return SandboxError(f"{what} failed: {self.provider.clean(exc)}", file=self.template, row=self.id)
@@ -375,6 +393,77 @@ class E2BSandbox(SandboxBase):
         except (SandboxException, httpx.HTTPError, OSError) as exc:
             raise self._error("command", exc) from exc
         return CommandResult(code, out.text(), err.text(), duration=time.monotonic() - t0)
+
+    def run_logged(
+        self,
+        cmd: str,
+        log_path: str,
+        *,
+        timeout: float,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        max_bytes: int = LOGGED_MAX_BYTES,
+    ) -> CommandResult:
+        """Run `cmd` with its output streamed (envd's event stream) to the host file `log_path`; the exit
+        code is the one envd reports. envd ends the stream only when every holder of the output pipe is
+        gone, so once the command itself has exited, processes carrying this run's mark are killed."""
+        self._check_alive()
+        mark = uuid.uuid4().hex
+        sink = LogSink(log_path, max_bytes)
+        t0 = time.monotonic()
+        box: dict[str, Any] = {}
+        try:
+            handle = self.sdk.commands.run(
+                cmd, background=True, envs={**(env or {}), RUN_MARK: mark}, cwd=cwd, timeout=timeout,
+                retain_output=False,
+            )  # fmt: skip
+        except (SandboxException, httpx.HTTPError, OSError) as exc:
+            sink.close()
+            raise self._error("command", exc) from exc
+
+        def wait() -> None:
+            try:
+                box["code"] = handle.wait(
+                    on_stdout=lambda t: sink.write(t.encode()), on_stderr=lambda t: sink.write(t.encode())
+                ).exit_code
+            except CommandExitException as exc:
+                box["code"] = exc.exit_code
+            except TimeoutException:
+                box["timed_out"] = True
+            except Exception as exc:  # noqa: BLE001 - re-raised below as a SandboxError
+                box["error"] = exc
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        next_probe = time.monotonic() + 1.0
+        while waiter.is_alive() and time.monotonic() < t0 + timeout + CONTROL_TIMEOUT:
+            waiter.join(0.2)
+            if waiter.is_alive() and time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + 1.0
+                gone = self.run(
+                    f"kill -0 {int(handle.pid)} 2>/dev/null || echo gone", timeout=CONTROL_TIMEOUT
+                )
+                if gone.stdout.strip() == "gone":
+                    self._kill_marked(mark)  # the command ended; leftovers hold the pipe
+        self._kill_marked(mark)
+        waiter.join(CONTROL_TIMEOUT)
+        sink.close()
+        if waiter.is_alive() or box.get("timed_out"):
+            with contextlib.suppress(Exception):
+                handle.kill()
+            return CommandResult(TIMED_OUT_EXIT_CODE, "", "", timed_out=True, duration=time.monotonic() - t0)
+        if "error" in box:
+            raise self._error("command", box["error"]) from box["error"]
+        return CommandResult(int(box["code"]), "", "", duration=time.monotonic() - t0)
+
+    def _kill_marked(self, mark: str) -> None:
+        """Kill every process whose environment holds this run's mark (best effort)."""
+        script = (
+            "for d in /proc/[0-9]*; do tr '\\0' '\\n' < $d/environ 2>/dev/null"
+            f" | grep -qx '{RUN_MARK}={mark}' && kill -9 ${{d#/proc/}} 2>/dev/null; done; true"
+        )
+        with contextlib.suppress(SandboxError):
+            self.run(script, timeout=CONTROL_TIMEOUT)
 
     def start(self, cmd: str, *, env: dict[str, str] | None = None, cwd: str | None = None) -> E2BBackground:
         """Start `cmd` detached; poll the returned handle (see E2BBackground for why not a stream)."""

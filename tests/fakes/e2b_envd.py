@@ -6,7 +6,7 @@ It serves, on one 127.0.0.1 port for all fake sandboxes (the SDK names the sandb
   ship in the e2b wheel (`ProcessWSGIApplication`, `FilesystemWSGIApplication`);
 - `GET/POST /files` (download / multipart or octet-stream upload) and `GET /health`.
 
-Each sandbox has a work dir: the default cwd and $HOME of its commands; relative paths resolve
+Each sandbox has a work dir: the default cwd and $HOME of its commands; relative paths (and /run/sweflow) resolve
 against it, absolute paths are host paths (tests only use their own temp dirs). Commands run as
 `/bin/bash -l -c CMD` in their own process group; a Connect deadline kills the group, as envd does.
 A client that disconnects does not kill its process (background commands rely on that).
@@ -42,6 +42,7 @@ from .wsgi_server import WSGIServer
 
 ENVD_VERSION = "0.6.7"
 SANDBOX_MARK = "FAKE_E2B_SANDBOX"
+PRIVATE_RUN = "/run/sweflow"
 
 
 class _Proc:
@@ -116,7 +117,11 @@ class FakeSandbox:
     procs: dict[int, _Proc] = field(default_factory=dict)
 
     def resolve(self, path: str) -> Path:
+        """Relative paths resolve in the work dir; /run/sweflow (the token folder) is private to the sandbox
+        too (the host's /run must never be written); other absolute paths are host paths."""
         p = Path(path or ".")
+        if p.is_absolute() and (p == Path(PRIVATE_RUN) or Path(PRIVATE_RUN) in p.parents):
+            return self.workdir / p.relative_to("/")
         return p if p.is_absolute() else self.workdir / p
 
 

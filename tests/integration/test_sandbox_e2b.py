@@ -147,6 +147,43 @@ def test_files_write_and_read(provider, tmp_path):
             sb.read_file("missing.txt")
 
 
+def test_token_is_written_for_the_server_and_egress_is_ignored(fake, provider):
+    with provider.create("base", timeout=60, egress="127.0.0.1:9") as sb:
+        assert sb.egress_url is None and len(sb.blackbox_token) >= 40
+        assert sb.read_file("/run/sweflow/blackbox.token").decode() == sb.blackbox_token
+        assert (fake.envd.sandboxes[sb.id].workdir / "run/sweflow/blackbox.token").exists(), (
+            "never the host's /run"
+        )
+        assert "SWEFLOW_BLACKBOX_TOKEN" not in sb.run("env", timeout=10).stdout
+    with provider.create("base", timeout=60) as other:
+        assert other.blackbox_token != sb.blackbox_token
+
+
+def test_run_logged_is_the_trusted_channel(provider, tmp_path):
+    with provider.create("base", timeout=120) as sb:
+        log = tmp_path / "eval.log"
+        r = sb.run_logged("echo out; echo err >&2; exit 3", str(log), timeout=30)
+        assert (r.exit_code, r.timed_out, r.stdout, r.stderr) == (3, False, "", "")
+        assert sorted(log.read_text().splitlines()) == ["err", "out"]
+        # a daemon holding the pipe is killed once the command ended: the call returns, LATE never lands
+        log2 = tmp_path / "daemon.log"
+        t0 = time.monotonic()
+        r = sb.run_logged("(sleep 3; echo LATE) & echo early; exit 0", str(log2), timeout=30)
+        assert r.exit_code == 0 and time.monotonic() - t0 < 10
+        time.sleep(3.5)
+        assert log2.read_text() == "early\n"
+        log3 = tmp_path / "forge.log"
+        r = sb.run_logged("echo FAILED; echo 0 > rc; exit 1", str(log3), timeout=30)
+        assert r.exit_code == 1 and log3.read_text() == "FAILED\n"
+        log4 = tmp_path / "big.log"
+        r = sb.run_logged("head -c 5000 /dev/zero | tr '\\0' x", str(log4), timeout=30, max_bytes=1000)
+        text = log4.read_text()
+        assert r.exit_code == 0 and text.startswith("x" * 1000) and "truncated" in text and len(text) < 1200
+        t0 = time.monotonic()
+        r = sb.run_logged("echo start; sleep 60", str(tmp_path / "slow.log"), timeout=2)
+        assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 20
+
+
 def test_port_url_uses_sandbox_host_and_scheme(provider):
     with provider.create("base", timeout=60) as sb:
         # the fake's sandbox URL is plain http, so the port URL is too
