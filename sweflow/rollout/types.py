@@ -33,8 +33,8 @@ SANDBOX_DIED = "sandbox_died"
 class RolloutConfig:
     """Dispatcher settings; every timeout is in seconds.
 
-    `router_url`: the proxy as seen from inside the sandbox (default: the proxy client's URL, right for
-    Docker host networking and the local provider). `turn_timeout` / `sandbox_timeout` default to the row's
+    `router_url`: the proxy as seen from inside the sandbox when the sandbox does not say it itself
+    (`sandbox.egress_url`, which wins; default: the proxy client's URL, right for a public proxy URL). `turn_timeout` / `sandbox_timeout` default to the row's
     backend_options.turn_timeout / sandbox_timeout_sec. `session_prefix` makes session ids unique across
     runs that reuse one proxy. `delete_sessions` frees the proxy's copy once a sample's trajectory is read.
     """
