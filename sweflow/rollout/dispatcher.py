@@ -142,8 +142,9 @@ class Dispatcher:
     ) -> None:
         self.provider = provider
         self.proxy = proxy
-        self.evaluator = evaluator or FreshEvaluator()
         self.config = config or RolloutConfig()
+        # The patch check of the fresh evaluation uses the same integrity rules as the tool-call scan.
+        self.evaluator = evaluator or FreshEvaluator(rules=self.config.integrity_rules)
         if self.config.max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         self._slots = threading.BoundedSemaphore(self.config.max_concurrency)
