@@ -41,7 +41,12 @@ def _needles(env, inst) -> list[str]:
     for patch in (inst["patch"], inst["test_patch"]):
         for line in patch.splitlines():
             text = line[1:].strip()
-            if line.startswith("+") and not line.startswith("+++") and len(text) >= 16 and text not in base_text:
+            if (
+                line.startswith("+")
+                and not line.startswith("+++")
+                and len(text) >= 16
+                and text not in base_text
+            ):
                 out.append(text)
     return sorted(set(out))
 

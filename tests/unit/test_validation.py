@@ -76,8 +76,8 @@ class ScriptedEval:
         self.calls: list[tuple[str, str, float]] = []
         self.schedule = schedule
 
-    def __call__(self, provider, template, metadata, patch, *, poll_interval, sandbox_timeout):
-        self.calls.append((template, patch, poll_interval))
+    def __call__(self, provider, template, metadata, patch, *, sandbox_timeout):
+        self.calls.append((template, patch, sandbox_timeout))
         kind = "gold" if patch else "empty"
         resolved = bool(patch) if self.schedule is None else self.schedule[kind].pop(0)
         timings = {"create_s": 0.1, "setup_s": 0.1, "eval_s": 1.0, "kill_s": 0.1, "total_s": 1.3}
@@ -100,9 +100,9 @@ class P:
 
 def test_validate_task_runs_gold_and_empty_k_times_and_records_them():
     ev = ScriptedEval()
-    rec = validate_task(P(), META, GOOD, repeats=3, parallel=2, poll_interval=0.5, evaluate=ev)
+    rec = validate_task(P(), META, GOOD, repeats=3, parallel=2, sandbox_timeout=77, evaluate=ev)
     assert sorted(c[1] for c in ev.calls) == ["", "", "", GOOD, GOOD, GOOD]
-    assert {c[0] for c in ev.calls} == {"tpl-1"} and {c[2] for c in ev.calls} == {0.5}
+    assert {c[0] for c in ev.calls} == {"tpl-1"} and {c[2] for c in ev.calls} == {77}
     assert (rec["verdict"], rec["reason"], rec["provider"], rec["repeats"]) == ("valid", None, "fake", 3)
     assert rec["gold"] == {"resolved": 3, "runs": 3} and rec["empty"] == {"resolved": 0, "runs": 3}
     assert [(r["patch"], r["run"]) for r in rec["runs"]] == [
