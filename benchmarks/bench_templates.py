@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             info = build_wheel(tmp / "wheel")
             paths = {"wheel": tmp / "wheel" / info["path"]}
         wheel = paths["wheel"]
-        provider = DockerProvider(network="host", build_cache=False)
+        provider = DockerProvider(build_cache=False)
         source: dict = {}
     else:
         from sweflow.sandbox.local import LocalProvider

@@ -43,7 +43,7 @@ def runtime_wheel(out: str | os.PathLike) -> dict[str, Any]:
 def provider_from_config(name: str, cfg: Mapping[str, Any], *, purpose: str = "run"):
     """The provider named `name`, configured from the `sandbox` config section, for one purpose:
 
-    - "run": agent sandboxes the host must reach (the configured network, the blackbox server started);
+    - "run": agent sandboxes (the blackbox server started; egress to the proxy only, given at create);
     - "build": template builds (Docker: no network namespace of their own);
     - "eval": fresh evaluations (no network and no blackbox server: grading needs neither).
     """
@@ -56,9 +56,8 @@ def provider_from_config(name: str, cfg: Mapping[str, Any], *, purpose: str = "r
         d = cfg.get("docker") or {}
         return get_provider(
             "docker",
-            network=d.get("network", "host") if purpose == "run" else "none",
-            cpu=d.get("cpus"),
-            memory_mb=d.get("mem_mb"),
+            cpu=d.get("cpus", 2),
+            memory_mb=d.get("mem_mb", 4096),
             pids_limit=d.get("pids_limit", 1024),
             **server,
         )

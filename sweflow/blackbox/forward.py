@@ -178,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect", required=True, help="tcp:HOST:PORT or unix:PATH")
     parser.add_argument("--max-conns", type=int, default=64)
     parser.add_argument("--mode", type=lambda s: int(s, 8), default=None, help="octal mode of a Unix socket")
+    parser.add_argument("--ready", default=None, help="a file to create once the listener accepts")
     args = parser.parse_args(argv)
     try:
         fwd = Forwarder(args.listen, args.connect, max_conns=args.max_conns, mode=args.mode)
+        if args.ready:
+            with open(args.ready, "w") as fh:
+                fh.write(str(os.getpid()))
     except (OSError, ValueError) as exc:
         print(f"forward: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ Typical use (a trainer's rollout function):
     from sweflow.rollout import Dispatcher, HttpProxyClient, RolloutConfig
     from sweflow.sandbox.registry import get_provider
 
-    d = Dispatcher(get_provider("docker", network="host"),
+    d = Dispatcher(get_provider("docker"),
                    HttpProxyClient(proxy_url, admin_token=proxy_admin_token),
                    config=RolloutConfig(max_concurrency=16))
     for result in d.run_group(row, n=8):           # RolloutResult per group index

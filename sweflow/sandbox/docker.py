@@ -84,15 +84,14 @@ def _call(fn: Callable[[], T], timeout: float, what: str, template: str = "", si
 
 class DockerProvider:
     """Options: cpu (cores, default 2), memory_mb (4096), pids_limit (1024), cap_add (capabilities given
-    back after dropping all; default none), start_server, build_cache, client. `network` is always "none"
-    ("host" is accepted from old configs and ignored: the host reaches the server through port_url)."""
+    back after dropping all; default none), start_server, build_cache, client. Containers always get
+    network "none"; the host reaches the server through port_url, the sandbox the proxy through egress."""
 
     name = "docker"
 
     def __init__(
         self,
         *,
-        network: str = "none",
         cpu: float | None = 2,
         memory_mb: int | None = 4096,
         pids_limit: int | None = 1024,
@@ -101,13 +100,8 @@ class DockerProvider:
         build_cache: bool = True,
         client: Any = None,
     ) -> None:
-        if network not in ("none", "host"):
-            raise SandboxError(f"unsupported docker network {network!r}", field="network", hint="none")
-        if network == "host":
-            log.warning("docker network 'host' is no longer used: sandboxes get network none and forwarders")
         import docker
 
-        self.network = "none"
         self.cpu, self.memory_mb, self.pids_limit = cpu, memory_mb, pids_limit
         self.cap_add = [str(c).upper() for c in cap_add]
         self.start_server = start_server
@@ -288,6 +282,8 @@ class DockerProvider:
         sb = DockerSandbox(self, container, template, timeout=timeout, routes=routes, folder=folder)
         sb.egress_url = f"http://127.0.0.1:{eport}" if eport else None
         try:
+            if routes is not None:
+                routes.wait_ready(alive=lambda: sb._running())
             sb._record_base_pids()
             if server:
                 sb.server = sb.start(
@@ -355,6 +351,13 @@ class DockerSandbox(SandboxBase):
     @property
     def blackbox_port(self) -> int | None:
         return self.routes.blackbox_port if self.routes else None
+
+    def _running(self) -> bool:
+        try:
+            self.container.reload()
+            return self.container.status == "running"
+        except Exception:  # noqa: BLE001 - a container we cannot inspect is not one to wait for
+            return False
 
     def _record_base_pids(self) -> None:
         """Remember the keep-alive (PID 1's child) and its children (the forwarders), before any command."""

@@ -9,6 +9,7 @@ The byte pumping is `sweflow.blackbox.forward.Forwarder`, the same code that run
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from ..blackbox.forward import Forwarder
@@ -17,6 +18,9 @@ from ..errors import SandboxError
 SOCKET_DIR = "/run/sweflow"  # where the socket folder appears inside a sandbox
 BLACKBOX_SOCK = "blackbox.sock"
 EGRESS_SOCK = "egress.sock"
+# Created by the in-sandbox forwarders once they listen (see Routes.wait_ready).
+EGRESS_READY = "egress.ready"
+BLACKBOX_READY = "blackbox.ready"
 
 
 def split_egress(egress: str) -> tuple[str, int]:
@@ -60,6 +64,21 @@ class Routes:
     def blackbox_port(self) -> int | None:
         return self.blackbox.address[1] if self.blackbox else None
 
+    def wait_ready(self, timeout: float = 30.0, *, alive=None) -> None:
+        """Block until the in-sandbox forwarders listen, so the first command of a fresh sandbox can
+        already reach `egress_url` (and their pids exist to be spared by leftover kills). ``alive`` (a
+        callable) stops the wait early when the sandbox died; SandboxError after `timeout`."""
+        wanted = [EGRESS_READY] * (self.egress is not None) + [BLACKBOX_READY] * (self.blackbox is not None)
+        deadline = time.monotonic() + timeout
+        while not all((self.folder / name).exists() for name in wanted):
+            if time.monotonic() >= deadline or (alive is not None and not alive()):
+                raise SandboxError(
+                    f"the in-sandbox forwarders did not start within {timeout:.0f}s",
+                    file=str(self.folder),
+                    hint="does the template carry the runtime (/opt/sweflow/runtime)?",
+                )
+            time.sleep(0.02)
+
     def close(self) -> None:
         for fwd in (self.egress, self.blackbox):
             if fwd is not None:
@@ -76,10 +95,12 @@ def inside_forwarders(python: str, *, egress_port: int | None, blackbox_port: in
     lines = []
     if blackbox_port:
         lines.append(
-            f"{fwd} --listen unix:{SOCKET_DIR}/{BLACKBOX_SOCK} --connect tcp:127.0.0.1:{blackbox_port} &"
+            f"{fwd} --listen unix:{SOCKET_DIR}/{BLACKBOX_SOCK} --connect tcp:127.0.0.1:{blackbox_port}"
+            f" --ready {SOCKET_DIR}/{BLACKBOX_READY} &"
         )
     if egress_port:
         lines.append(
-            f"{fwd} --listen tcp:127.0.0.1:{egress_port} --connect unix:{SOCKET_DIR}/{EGRESS_SOCK} &"
+            f"{fwd} --listen tcp:127.0.0.1:{egress_port} --connect unix:{SOCKET_DIR}/{EGRESS_SOCK}"
+            f" --ready {SOCKET_DIR}/{EGRESS_READY} &"
         )
     return "\n".join(lines)

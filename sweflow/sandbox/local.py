@@ -452,6 +452,7 @@ class LocalSandbox(SandboxBase):
             raise SandboxError(
                 f"the sandbox's server did not start: {why}", file=self.template, row=self.id
             ) from exc
+        self.routes.wait_ready(alive=lambda: self._holder.poll() is None)
         if server:
             self.server = self._holder
 

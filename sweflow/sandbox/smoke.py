@@ -1,12 +1,13 @@
 """Smoke test of a built template: start a sandbox, wait for the blackbox /health, read /v1/status, stop.
 
 Health is probed inside the sandbox with curl (on the port the sandbox's server really listens on,
-$SWEFLOW_BLACKBOX_PORT, default 31000) and, when the provider exposes it, from the host through port_url.
+31000, in the sandbox's own network namespace) and, when the provider exposes it, from the host through port_url.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import urllib.request
 from typing import Any
@@ -14,11 +15,23 @@ from typing import Any
 from ..errors import SandboxError
 from .base import BLACKBOX_PORT, Provider, Sandbox
 
-_INSIDE = "curl -fsS --max-time 5 http://127.0.0.1:${SWEFLOW_BLACKBOX_PORT:-" + str(BLACKBOX_PORT) + "}%s"
+_INSIDE = "curl -fsS --max-time 5 %s http://127.0.0.1:" + str(BLACKBOX_PORT) + "%s"
 
 
-def _get(url: str, timeout: float) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback/provider URL only
+def _auth(sb: Sandbox) -> dict[str, str]:
+    token = getattr(sb, "blackbox_token", None)
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _inside(sb: Sandbox, path: str) -> str:
+    """The in-sandbox curl of `path`, with the sandbox's token (smoke runs before any agent does)."""
+    hdr = " ".join(f"-H {shlex.quote(f'{k}: {v}')}" for k, v in _auth(sb).items())
+    return _INSIDE % (hdr, path)
+
+
+def _get(url: str, timeout: float, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    req = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback/provider URL only
         return json.loads(resp.read().decode("utf-8"))
 
 
@@ -51,7 +64,7 @@ def smoke(provider: Provider, template: str, *, timeout: float = 120, sandbox_ti
         health: dict[str, Any] = {}
         last = ""
         while True:
-            res = sb.run(_INSIDE % "/health", timeout=10)
+            res = sb.run(_inside(sb, "/health"), timeout=10)
             if res.ok:
                 health = json.loads(res.stdout)
                 break
@@ -74,9 +87,9 @@ def smoke(provider: Provider, template: str, *, timeout: float = 120, sandbox_ti
             timings["host"] = round(time.monotonic() - t0, 3)
         step = "status"
         if base:
-            status = _get(base + "/v1/status", 10)
+            status = _get(base + "/v1/status", 10, _auth(sb))
         else:
-            res = sb.run(_INSIDE % "/v1/status", timeout=15)
+            res = sb.run(_inside(sb, "/v1/status"), timeout=15)
             if not res.ok:
                 raise SandboxError(f"GET /v1/status failed: {res.stderr.strip() or res.exit_code}")
             status = json.loads(res.stdout)

@@ -17,11 +17,12 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from tests.integration.conftest_validation import docker_env, local_env  # noqa: E402
+# The two backends' module fixtures: real templates (blackbox server and runtime) from the sample repo.
+from tests.integration.test_sandbox_docker import env  # noqa: E402, F401
+from tests.integration.test_sandbox_local import local  # noqa: E402, F401
 from tests.unit.conftest_proxy import tiny_tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.integration]
-TASK = "sweflow__calclib-1"
 
 # Runs inside the sandbox with the image's python3: one JSON line of {probe: HTTP status or error}.
 PROBE = r"""
@@ -58,19 +59,24 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module", params=["docker", "local"])
-def env(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"reach-{request.param}")
-    return (docker_env if request.param == "docker" else local_env)(tmp, ids=(TASK,))
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def world(request):
+    """(provider, template) of an agent sandbox for each backend."""
+    if request.param == "local":
+        provider, template, _ = request.getfixturevalue("local")
+        return provider, template
+    e = request.getfixturevalue("env")
+    return e["host"], e["template"]
 
 
-def test_agent_reaches_only_its_own_session(env):
+def test_agent_reaches_only_its_own_session(world):
+    provider, template = world
     tok = tiny_tokenizer()
     with ProxyServer(ScriptedEngine(["ok"], tok, cycle=True), tok, ProxyConfig()) as proxy:
         own = proxy.create_session("rollout-a:0:aaaa")["token"]
         proxy.create_session("rollout-b:0:bbbb")
         port = proxy.url.rsplit(":", 1)[1]
-        with env.provider.create(env.templates[TASK], timeout=300, egress=f"127.0.0.1:{port}") as sb:
+        with provider.create(template, timeout=300, egress=f"127.0.0.1:{port}") as sb:
             assert sb.egress_url, "a sandbox created with egress says where the proxy is"
             sb.write_file("/tmp/probe.py", PROBE)
             r = sb.run(f"python3 /tmp/probe.py {sb.egress_url} {own} rollout-b:0:bbbb", timeout=120)

@@ -122,7 +122,7 @@ def test_e2e_both_policies_with_claude_code_in_docker(task, tokenizer, tmp_path)
     spec = TemplateSpec(
         image=image, claude_binary=task["paths"]["claude"], runtime_wheel=task["paths"]["wheel"]
     )
-    provider = DockerProvider(network="host")
+    provider = DockerProvider()
     rec = build_and_record(provider, image, tmp_path / "record.json", spec=spec, attempts=2, backoff=1)
     assert rec["ok"], rec
     jsonl = tmp_path / "train.jsonl"

@@ -143,7 +143,7 @@ def test_kill_removes_container_and_lifetime_timeout(env):
 def test_resource_limits_are_applied_and_enforced(env):
     from sweflow.sandbox.docker import DockerProvider
 
-    p = DockerProvider(network="none", cpu=1, memory_mb=256, pids_limit=64, start_server=False)
+    p = DockerProvider(cpu=1, memory_mb=256, pids_limit=64, start_server=False)
     with p.create(env["task_image"], timeout=120) as sb:
         hc = env["client"].containers.get(sb.container.id).attrs["HostConfig"]
         assert (hc["NanoCpus"], hc["Memory"], hc["PidsLimit"]) == (10**9, 256 * 2**20, 64)
