@@ -111,7 +111,9 @@ EXPECTED = {
     "flaky": ("flaky", "gold resolved 1/2 runs: pass_to_pass_regression"),
     "does_not_apply": ("gold_fails", "failed_apply_patch x2"),
     "edits_test": ("gold_fails", "prohibited_test_modification"),
-    "forged_passed": ("gold_fails", "log_contradicts_exit_code x2"),
+    # atexit + os._exit is code reaching for the test run: refused before a sandbox (the host-grading
+    # side of such forgeries is in test_attacks_reward.py)
+    "forged_passed": ("gold_fails", "suspicious_test_tampering x2"),
 }
 
 
@@ -131,8 +133,5 @@ def test_broken_variants_get_the_right_verdict(sample_env):  # noqa: F811
         and got["edits_test"]["runs"] == []
     )
     forged = [r for r in got["forged_passed"]["runs"] if r["patch"] == "gold"]
-    # the forged lines fool a last-line-wins parse (all required tests "pass") but not the contradiction check
-    assert all(
-        r["marker"]["fail_to_pass_success"] == 2 and r["marker"]["test_exit_code"] == 0 for r in forged
-    )
+    assert forged and all("atexit" in r["output_tail"] and r["timings"] == {} for r in forged)
     assert "git apply failed" in got["does_not_apply"]["runs"][0]["output_tail"]
