@@ -28,6 +28,7 @@ import shlex
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,11 +44,19 @@ from .integrity_patch import (
     patch_paths,
 )
 from .sandbox.base import Provider, Sandbox
+from .sandbox.logged import TRUNCATED_NOTE
 from .util import retry
 
 log = logging.getLogger("sweflow.evaluate")
 
 EMPTY_GENERATION = "empty_generation"
+LOG_TRUNCATED = "log_truncated"
+# git diff options no repository config can change: prefixes, external diff drivers, textconv, colour.
+PINNED_DIFF = (
+    "-c core.quotepath=true -c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.external= "
+    "-c color.diff=false diff --no-ext-diff --no-textconv --no-color --src-prefix=a/ --dst-prefix=b/"
+)
+FRESH_DIFF_FILE = "/tmp/.sweflow/fresh.diff"
 PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
 FAILED_APPLY_PATCH = "failed_apply_patch"
 FRESH_EVAL_EXCEPTION = "fresh_eval_exception"
@@ -129,9 +138,13 @@ def extract_patch(
     failure_reason patch_extraction_failed.
     """
     wd, base = shlex.quote(workdir), shlex.quote(base_commit)
+    # The agent controls this repository's .git: its config (diff prefixes, external diff, textconv) and
+    # its index (a stale index.lock) must not shape the diff. A private index and pinned options do that;
+    # what the diff SHOWS is re-checked in the fresh sandbox anyway (see _fresh_diff).
+    index = f"/tmp/.sweflow/extract-{uuid.uuid4().hex}.index"
     cmd = (
-        f"mkdir -p /tmp/.sweflow && cd {wd} && git add -A && "
-        f"git -c core.quotepath=true diff --cached --binary {base} > {PATCH_FILE}"
+        f"mkdir -p /tmp/.sweflow && cd {wd} && export GIT_INDEX_FILE={index} && git add -A && "
+        f"git {PINNED_DIFF} --cached --binary {base} > {PATCH_FILE}; rc=$?; rm -f {index}; exit $rc"
     )
 
     def once() -> str:
@@ -264,11 +277,23 @@ def evaluate_patch(
         timings["create_s"] = round(time.monotonic() - t0, 3)
         t1 = time.monotonic()
         failed = _prepare(sb, workdir, base, patch)
-        if failed is None:
-            sb.write_file(HOST_SCRIPT, host_script)
-        timings["setup_s"] = round(time.monotonic() - t1, 3)
         if failed is not None:
+            timings["setup_s"] = round(time.monotonic() - t1, 3)
             return _result(FAILED_APPLY_PATCH, timings, tail=failed)
+        if patch.strip():
+            # What the patch really did to the tree, as text, by this sandbox's clean git: binary
+            # attributes, diff drivers or odd headers in the agent's diff cannot hide a change here.
+            found = check_patch_integrity(
+                _fresh_diff(sb, workdir, base), metadata=metadata, eval_script=script, rules=rules
+            )
+            if found:
+                timings["setup_s"] = round(time.monotonic() - t1, 3)
+                detail = "refused: " + "; ".join(v.detail for v in found[:5])
+                res = _result(found[0].reason, timings, tail=detail)
+                res.violations = [v.to_dict() for v in found]
+                return res
+        sb.write_file(HOST_SCRIPT, host_script)
+        timings["setup_s"] = round(time.monotonic() - t1, 3)
         t2 = time.monotonic()
         left = deadline - time.monotonic()
         if left <= 0:
@@ -278,6 +303,9 @@ def evaluate_patch(
         if res.timed_out:
             return _result(FRESH_EVAL_TIMEOUT, timings, error="the evaluator passed the fresh-eval deadline")
         log_text = _read_log(log_path)
+        if log_text.endswith(TRUNCATED_NOTE.decode()):
+            # The end of the log (the runner's summary, its FAILED lines) is gone: nothing to grade.
+            return _result(LOG_TRUNCATED, timings, tail=log_text)
         g = (grader or HostGrader.for_metadata(metadata)).grade(log_text, metadata, res.exit_code)
         payload = g.to_marker_dict()
         reward = 1.0 if g.resolved else 0.0
@@ -297,6 +325,22 @@ def evaluate_patch(
                 log.warning("killing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
             timings["kill_s"] = round(time.monotonic() - t3, 3)
         timings["total_s"] = round(time.monotonic() - t0, 3)
+
+
+def _fresh_diff(sb: Sandbox, workdir: str, base: str) -> str:
+    """The applied change as a text diff (every file as text, no drivers) from the fresh sandbox."""
+    wd, b = shlex.quote(workdir), shlex.quote(base)
+    r = sb.run(
+        f"cd {wd} && git add -A && git {PINNED_DIFF} --cached --text {b} > {FRESH_DIFF_FILE}",
+        timeout=SETUP_TIMEOUT,
+    )
+    if not r.ok:
+        raise SandboxError(
+            f"diffing the applied patch failed (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}",
+            file=sb.template,
+            row=sb.id,
+        )
+    return _decode(sb.read_file(FRESH_DIFF_FILE))
 
 
 def _prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:

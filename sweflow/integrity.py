@@ -25,7 +25,7 @@ from sweflow.reward import RewardResult
 class IntegrityRules:
     """Configurable block lists; ``from_config`` fills them from a config mapping (unknown keys rejected)."""
 
-    test_dir_names: tuple[str, ...] = ("test", "tests", "testing")
+    test_dir_names: tuple[str, ...] = ("test", "tests", "testing", "_testing", "testutils")
     test_file_globs: tuple[str, ...] = ("test_*.py", "*_test.py", "conftest.py", "pytest.ini", "tox.ini")
     extra_test_files: tuple[str, ...] = ()  # e.g. ("setup.cfg", "pyproject.toml") to guard pytest config too
     workdir: str = "/testbed"
@@ -53,6 +53,15 @@ class IntegrityRules:
         "pytest.ini",
         ".pytest.ini",
         "tox.ini",
+        # git attributes and ignores decide how a diff shows a file and which files it shows at all
+        ".gitattributes",
+        ".gitignore",
+        # test runners and assertion helpers that live beside the code (sympy, pandas, sklearn, xarray)
+        "runtests.py",
+        "testing.py",
+        "_testing.py",
+        "testutils.py",
+        "pytest.py",
     )
     config_files: tuple[str, ...] = ("setup.cfg", "pyproject.toml", "tox.ini", "pytest.ini", "setup.py")
     test_config_keywords: tuple[str, ...] = (
@@ -89,6 +98,11 @@ class IntegrityRules:
         # Calls by name, whatever the module is imported as (`import os as _os; _os.kill(...)`).
         r"\b(fork|forkpty|kill|killpg|_exit|setsid|setpgrp|setpgid|getppid|dup2|ftruncate|ptrace|prctl)\s*\(",
         r"\bfrom\s+(os|posix|signal)\s+import\b",
+        # replacing the process, raw descriptor writes (past pytest's capture), dynamic lookups
+        r"\b(exec[lv]p?e?|spawn[lv]p?e?|posix_spawnp?|execve)\s*\(",
+        r"\bos\.(write|fstat|fdopen|dup|lseek|pipe)\s*\(",
+        r"\b__import__\s*\(",
+        r"\bgetattr\s*\(\s*_*(os|sys|posix|signal|subprocess)\b",
         r"\bsys\.(__stdout__|__stderr__|settrace|setprofile)\b",
         r"\bsys\.(stdout|stderr)\s*=[^=]",
         r"\bsys\.modules\s*\[\s*['\"](_?pytest|unittest)",
@@ -367,6 +381,21 @@ def tool_calls_from_stream_json(events: Iterable[str | Mapping[str, Any]]) -> li
         msg = ev.get("message") or {}
         for name, inp in _tool_uses(msg.get("content") if isinstance(msg, Mapping) else None):
             calls.append(ToolCall(name, inp, len(calls)))
+    return calls
+
+
+def tool_calls_from_turns(turns: Iterable[Mapping[str, Any]]) -> list[ToolCall]:
+    """Tool calls the proxy recorded per model turn (a trajectory's ``turns``, each with ``tool_calls``)."""
+    calls: list[ToolCall] = []
+    for turn in turns:
+        for tc in (turn.get("tool_calls") or []) if isinstance(turn, Mapping) else []:
+            if isinstance(tc, Mapping):
+                inp = tc.get("input")
+                calls.append(
+                    ToolCall(
+                        str(tc.get("name", "")), dict(inp) if isinstance(inp, Mapping) else {}, len(calls)
+                    )
+                )
     return calls
 
 

@@ -36,7 +36,8 @@ SUSPICIOUS_TEST_TAMPERING = "suspicious_test_tampering"
 @dataclass(frozen=True)
 class PatchViolation:
     """One refused change: ``rule`` (test_file, test_infrastructure, test_config, eval_sourced_file,
-    install_file, test_patch_file, test_data, tamper_code), the ``path`` and a one-line ``detail``."""
+    install_file, test_patch_file, test_data, tamper_code, unreadable_diff), the ``path`` and a one-line
+    ``detail``."""
 
     rule: str
     path: str
@@ -67,28 +68,70 @@ def _strip_side(p: str) -> str:
     return p[2:] if p[:2] in ("a/", "b/") else p
 
 
-def patch_paths(patch: str) -> list[str]:
-    """Every path a git diff touches (both sides of renames/copies), from its ``diff --git`` headers.
+def _header_paths(rest: str) -> list[str]:
+    """The two paths of a ``diff --git`` header after the command (C-quoted or plain), or [] if unreadable.
 
-    Handles git's C-quoted paths; ``/dev/null`` sides are skipped.
+    With the pinned ``a/``/``b/`` prefixes an unquoted header is split in the middle (both halves name
+    the same path unless it is a rename, whose rename lines name both sides anyway).
     """
-    out: set[str] = set()
+    if rest.startswith('"'):
+        m = re.match(r'^("(?:[^"\\]|\\.)*")\s+(.+)$', rest)
+        if not m:
+            return []
+        return [_strip_side(_unquote(m.group(1))), _strip_side(_unquote(m.group(2)))]
+    half = (len(rest) - 1) // 2
+    left, right = rest[:half], rest[half + 1 :]
+    if left[:2] == "a/" and right[:2] == "b/" and left[2:] == right[2:]:
+        return [left[2:]]
+    if right.startswith('"'):
+        m = re.match(r'^(\S+)\s+("(?:[^"\\]|\\.)*")$', rest)
+        return [_strip_side(m.group(1)), _strip_side(_unquote(m.group(2)))] if m else []
+    return []
+
+
+def _blocks(patch: str) -> list[list[str]]:
+    """The patch split into ``diff --git`` blocks (lines before the first header are dropped)."""
+    blocks: list[list[str]] = []
     for line in patch.splitlines():
-        if line.startswith(("--- ", "+++ ")):
+        if line.startswith("diff --git "):
+            blocks.append([line])
+        elif blocks:
+            blocks[-1].append(line)
+    return blocks
+
+
+def _block_paths(block: list[str]) -> set[str]:
+    out: set[str] = set()
+    in_hunk = False
+    for line in block[1:]:
+        if line.startswith("@@"):
+            in_hunk = True
+        elif in_hunk:
+            continue
+        elif line.startswith(("--- ", "+++ ")):
             p = _unquote(line[4:].split("\t", 1)[0])
             if p != "/dev/null":
                 out.add(_strip_side(p))
         elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
             out.add(_unquote(line.split(" ", 2)[2]))
-        elif line.startswith("diff --git "):
-            rest = line[len("diff --git ") :]
-            if rest.startswith('"'):
-                continue  # quoted names also appear unambiguously in ---/+++ or rename lines
-            # Unquoted "a/X b/X": for pure mode changes / binary files this is the only header.
-            half = (len(rest) - 1) // 2
-            left, right = rest[:half], rest[half + 1 :]
-            if left[2:] == right[2:] and left[:2] == "a/" and right[:2] == "b/":
-                out.add(left[2:])
+    if not out:  # mode changes and binary files: the header is the only name
+        out.update(_header_paths(block[0][len("diff --git ") :]))
+    return out
+
+
+def unreadable_blocks(patch: str) -> list[str]:
+    """Header lines of diff blocks whose paths cannot be read (a patch the checks cannot see through)."""
+    return [b[0][:200] for b in _blocks(patch) if not _block_paths(b)]
+
+
+def patch_paths(patch: str) -> list[str]:
+    """Every path a git diff touches (both sides of renames/copies), from each block's headers.
+
+    Handles git's C-quoted paths; ``/dev/null`` sides are skipped. Hunk bodies are never read as headers.
+    """
+    out: set[str] = set()
+    for block in _blocks(patch):
+        out |= _block_paths(block)
     return sorted(out)
 
 
@@ -196,7 +239,10 @@ def check_patch_integrity(
     lines = changed_lines(patch)
     keywords = [k.lower() for k in rules.test_config_keywords]
     tamper = [re.compile(p) for p in rules.tamper_patterns]
-    out: list[PatchViolation] = []
+    out: list[PatchViolation] = [
+        PatchViolation("unreadable_diff", header, f"cannot tell which file this block changes: {header}")
+        for header in unreadable_blocks(patch)
+    ]
     for path in patch_paths(patch):
         base = posixpath.basename(path)
         changed = lines.get(path, [])

@@ -22,6 +22,7 @@ TEST_EXIT_CODE_MARKER = "SWEFLOW_TEST_EXIT_CODE="
 DEFAULT_REWARD_MARKER = "SWEFLOW_REWARD_JSON="
 TIMEOUT_RETURNCODES = (124, 137)  # `timeout` exit status; 137 when it had to SIGKILL (-k)
 LOG_TAIL_CHARS = 2000
+_WORDS = re.compile(r"[\s:()\[\],]+")
 
 FAILURE_REASONS = (
     "missing_parser",
@@ -187,9 +188,14 @@ def line_statuses(parser, text: str, spec, names) -> dict:
     printed after the real ``FAILED x``, or printed twice.
     """
     wanted = set(names)
+    # A line can only report a wanted test if it holds that test's short name as a word: skip the rest
+    # without calling the parser (a log of junk lines must not cost a parser call per line).
+    short = set()
+    for name in wanted:
+        short.update(w for w in _WORDS.split(name) if w)
     seen = {}
     for line in text.split("\n"):
-        if not line.strip():
+        if not line.strip() or not any(w in short for w in _WORDS.split(line)):
             continue
         try:
             found = call_parser(parser, line, spec)

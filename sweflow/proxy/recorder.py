@@ -35,6 +35,9 @@ class Turn:
     stop_reason: str = ""
     model: str = ""
     weight_version: int | None = None
+    # The tool calls the model made in this turn ({"name", "input"}), as parsed here: the integrity
+    # scan reads these, never an account the agent's sandbox gives of them.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

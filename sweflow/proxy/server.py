@@ -343,6 +343,11 @@ class ProxyServer:
             stop_reason=stop_reason,
             model=req.model,
             weight_version=self.weight_version,
+            tool_calls=[
+                {"name": b.get("name", ""), "input": b.get("input") or {}}
+                for b in blocks
+                if b.get("type") == "tool_use"
+            ],
         )
         rec.add(turn)
         return message, rec, index

@@ -5,9 +5,10 @@ sandbox from the row's template (its only egress: the proxy, when the proxy list
 blackbox /health -> proxy session (its token) -> register the agent (router = the proxy as the sandbox
 sees it, bearer = the session's token, the row's backend options; every blackbox call carries the
 sandbox's blackbox token) -> before-agent commands (a required one that fails
-aborts the sample) -> the prompt as one agent turn -> the agent's tool calls from the session events ->
+aborts the sample) -> the prompt as one agent turn ->
 the patch (git diff against the base commit) -> the agent sandbox is killed -> fresh-sandbox evaluation ->
-finalise and read the proxy trajectory -> integrity scan -> reward -> RolloutResult.
+finalise and read the proxy trajectory -> integrity scan of the tool calls the proxy recorded -> reward ->
+RolloutResult.
 
 Any exception aborts the sample (status "aborted", failure_reason naming the failed step, or
 "sandbox_died" when the agent's sandbox is gone) and every sandbox it created is killed. The after-agent
@@ -27,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sweflow.errors import SweflowError
-from sweflow.integrity import apply_integrity, scan_tool_calls, tool_calls_from_stream_json
+from sweflow.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
 from sweflow.reward import RewardResult
 from sweflow.rollout.clients import BlackboxClient, HttpStatusError, ProxyClient
 from sweflow.rollout.evaluator import Evaluator, FreshEvaluator
@@ -45,7 +46,7 @@ from sweflow.sandbox.base import BLACKBOX_PORT, Provider, Sandbox
 log = logging.getLogger("sweflow.rollout")
 PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
 # Steps that use the agent's sandbox: a failure there while the sandbox is gone is "sandbox_died".
-_SANDBOX_STEPS = ("health", "register", "before_agent", "agent", "events", "patch")
+_SANDBOX_STEPS = ("health", "register", "before_agent", "agent", "patch")
 
 
 class Abort(Exception):
@@ -307,8 +308,6 @@ class _Rollout:
             self._before_agent()
         with self._timed("agent"):
             agent = self._agent_turn(prompt, turn_timeout)
-        with self._timed("events"):
-            events = self.bb.session(self.session_id).get("events") or []
         with self._timed("patch"):
             patch = self.d.evaluator.extract_patch(self.sb, base_commit)
         if getattr(patch, "failure_reason", None) == PATCH_EXTRACTION_FAILED:
@@ -331,7 +330,9 @@ class _Rollout:
         if not samples:
             raise Abort("no_trajectory", "the proxy recorded no model turn for this session")
         with self._timed("integrity"):
-            calls = tool_calls_from_stream_json(events)
+            # The calls the proxy saw the model make, not the sandbox's account of them (the agent can
+            # replace its own blackbox server and tell any story).
+            calls = tool_calls_from_turns(trajectory.get("turns") or [])
             violations = scan_tool_calls(calls, str(meta.get("repo") or ""), rules=self.cfg.integrity_rules)
             final = apply_integrity(base, violations)
         return self._result(

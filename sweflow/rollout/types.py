@@ -20,7 +20,6 @@ STEP_REASONS = {
     "register": "register_failed",
     "before_agent": "before_agent_failed",
     "agent": "agent_failed",
-    "events": "blackbox_error",
     "patch": "patch_extraction_failed",
     "evaluate": "evaluation_error",
     "trajectory": "proxy_error",

@@ -284,6 +284,9 @@ class DockerProvider:
         try:
             if routes is not None:
                 routes.wait_ready(alive=lambda: sb._running())
+                # the container's root is uid 0 without capabilities: a folder owned by another uid is
+                # read-only to it
+                routes.lock(65534)
             sb._record_base_pids()
             if server:
                 sb.server = sb.start(

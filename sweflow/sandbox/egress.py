@@ -79,6 +79,13 @@ class Routes:
                 )
             time.sleep(0.02)
 
+    def lock(self, owner: int) -> None:
+        """Once the forwarders listen: give the folder to `owner` (a uid that is NOT the sandbox's) with
+        mode 0555, so sandbox processes can still connect but can never unlink a socket and bind their
+        own in its place (which would put the agent on the host's side of its blackbox route)."""
+        os.chown(self.folder, owner, owner)
+        os.chmod(self.folder, 0o555)
+
     def close(self) -> None:
         for fwd in (self.egress, self.blackbox):
             if fwd is not None:

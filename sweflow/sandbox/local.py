@@ -453,6 +453,7 @@ class LocalSandbox(SandboxBase):
                 f"the sandbox's server did not start: {why}", file=self.template, row=self.id
             ) from exc
         self.routes.wait_ready(alive=lambda: self._holder.poll() is None)
+        self.routes.lock(0)  # host root: the sandbox uid (never 0) can no longer change the folder
         if server:
             self.server = self._holder
 

@@ -89,3 +89,40 @@ def test_agent_reaches_only_its_own_session(world):
     assert got["messages_no_token"] == 401 and got["messages_sid_as_token"] == 401, got
     assert got["other_path_own_token"] == 403, got
     assert before["turns"] == [] and not proxy._paused, "nothing the agent sent changed another session"
+
+
+HIJACK = r"""
+import os, socket
+out = {}
+for name in ("blackbox.sock", "egress.sock"):
+    path = "/run/sweflow/" + name
+    try:
+        os.unlink(path)
+        out[name] = "unlinked"
+    except OSError as e:
+        out[name] = type(e).__name__
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind("/run/sweflow/fake.sock")
+    out["bind"] = "bound"
+except OSError as e:
+    out["bind"] = type(e).__name__
+print(out)
+"""
+
+
+def test_agent_cannot_take_over_its_blackbox_route(world):
+    """Replacing the socket the host reaches the blackbox server through would hand the agent the host's
+    calls (and the blackbox token): the socket folder is read-only to sandbox processes."""
+    import urllib.request
+
+    provider, template = world
+    with provider.create(template, timeout=300) as sb:
+        sb.write_file("/tmp/hijack.py", HIJACK)
+        r = sb.run("python3 /tmp/hijack.py", timeout=60)
+        assert "unlinked" not in r.stdout and "bound" not in r.stdout, r.stdout + r.stderr
+        req = urllib.request.Request(
+            sb.port_url(31000) + "/v1/status", headers={"Authorization": f"Bearer {sb.blackbox_token}"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.status == 200, "the host still reaches the real server"

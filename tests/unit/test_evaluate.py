@@ -70,6 +70,8 @@ class FakeSandbox:
         self.written[path] = data if isinstance(data, bytes) else data.encode()
 
     def read_file(self, path, *, timeout=60):
+        if path == "/tmp/.sweflow/fresh.diff" and path not in self.files:
+            return self.written.get("/tmp/.sweflow/patch.diff", b"")  # the applied tree shows the patch
         data = self.files.get(path)
         if isinstance(data, list):
             data = data.pop(0) if len(data) > 1 else data[0]
@@ -177,7 +179,9 @@ def test_extract_patch_reads_the_diff_from_a_file_and_runs_git_add_and_binary_di
     got = extract_patch(sb, BASE, workdir="/work dir")
     assert got == PatchResult(big, None, [])
     [cmd] = sb.cmds
-    assert "cd '/work dir' && git add -A && " in cmd and f"diff --cached --binary {BASE} >" in cmd
+    assert cmd.startswith("mkdir -p /tmp/.sweflow && cd '/work dir' && export GIT_INDEX_FILE=/tmp/.sweflow/")
+    assert " && git add -A && git -c core.quotepath=true -c diff.noprefix=false" in cmd
+    assert f"--src-prefix=a/ --dst-prefix=b/ --cached --binary {BASE} >" in cmd and "--no-ext-diff" in cmd
 
 
 def test_extract_patch_flags_empty_and_test_edits():
@@ -355,6 +359,24 @@ def test_deadline_bounds_the_run_and_a_timed_out_run_is_fresh_eval_timeout():
     sb = FakeSandbox(log=pytest_log(ALL_PASS))
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH, deadline=time.monotonic() - 1)
     assert res.failure_reason == "fresh_eval_timeout" and sb.logged == []
+
+
+def test_a_truncated_log_is_never_resolved():
+    from sweflow.sandbox.logged import TRUNCATED_NOTE
+
+    sb = FakeSandbox(log=pytest_log(ALL_PASS) + TRUNCATED_NOTE.decode())
+    res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
+    assert (res.reward, res.failure_reason) == (0.0, "log_truncated")
+
+
+def test_the_applied_tree_is_checked_again_as_text():
+    """The agent's diff showed a harmless file; the fresh sandbox's own diff shows a conftest."""
+    hidden = SRC_PATCH.replace("calclib/ops.py", "conftest.py")
+    sb = FakeSandbox(log=pytest_log(ALL_PASS), files={"/tmp/.sweflow/fresh.diff": hidden.encode()})
+    prov = FakeProvider(sb)
+    res = evaluate_patch(prov, "tpl", META, SRC_PATCH)
+    assert (res.reward, res.failure_reason) == (0.0, "prohibited_test_modification")
+    assert any("--cached --text" in c for c in sb.cmds) and sb.logged == [] and sb.kill_count == 1
 
 
 def test_output_tail_is_bounded():

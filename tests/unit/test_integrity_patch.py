@@ -117,6 +117,10 @@ def test_files_the_eval_script_relies_on_are_refused(patch, rule):
         "_os.kill(-1, _signal.SIGKILL)",
         "from os import fork as f",
         "_o.dup2(w, 1)",
+        "os.execv('/bin/true', ['true'])",
+        "os.write(fd, forged)",
+        "__import__('o' + 's')",
+        "getattr(os, name)(1)",
     ],
 )
 def test_code_that_reaches_for_the_test_run_is_refused(line):
@@ -143,6 +147,31 @@ def test_test_file_violations_come_first_and_name_their_reason():
         ("test_file", "prohibited_test_modification"),
         ("test_infrastructure", "prohibited_test_infrastructure"),
     ]
+
+
+def test_diffs_the_checks_cannot_read_are_refused():
+    """Agent-controlled git config (mnemonic prefixes) plus a binary attribute: no a/ b/ and no ---/+++."""
+    blind = (
+        "diff --git c/conftest.py i/conftest.py\nnew file mode 100644\nGIT binary patch\nliteral 5\nzcmV\n\n"
+    )
+    assert rules_of(blind) == ["unreadable_diff"]
+    quoted_binary = 'diff --git "a/tests/d\\303\\251j\\303\\240.py" "b/tests/d\\303\\251j\\303\\240.py"\nGIT binary patch\n'
+    assert patch_paths(quoted_binary) == ["tests/déjà.py"] and rules_of(quoted_binary) == ["test_file"]
+    mode_only = "diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n"
+    assert patch_paths(mode_only) == ["run.sh"] and rules_of(mode_only) == []
+
+
+def test_hunk_lines_are_never_read_as_headers():
+    patch = "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1,2 +1,1 @@\n--- b/tests/test_x.py\n x\n"
+    assert patch_paths(patch) == ["a.py"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [".gitattributes", "sub/.gitignore", "sympy/utilities/runtests.py", "pandas/_testing/asserters.py"],
+)
+def test_files_that_decide_what_a_diff_or_a_test_run_shows(path):
+    assert rules_of(diff(path, "a", "b")) in (["test_infrastructure"], ["test_file"])
 
 
 def test_changed_lines_and_paths():
