@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sweflow.evaluate import evaluate_patch, extract_patch
+from sweflow.harness.grader import HostGrader
 from sweflow.harness.standalone import WORKDIR
 from sweflow.reward import parse_marker
 from sweflow.sample import load_task
@@ -92,7 +93,7 @@ def test_extract_patch_round_trip_into_a_fresh_sandbox(env):
         )
     with env.provider.create(env.templates[TASK], timeout=300) as agent:
         assert extract_patch(agent, inst["base_commit"]).failure_reason == "empty_generation"
-    res = evaluate_patch(env.provider, env.templates[TASK], meta, got.patch, poll_interval=0.5)
+    res = evaluate_patch(env.provider, env.templates[TASK], meta, got.patch)
     assert (res.reward, res.resolved, res.failure_reason, res.error) == (1.0, True, None, None)
     assert res.marker["fail_to_pass_success"] == 2 and res.timings["eval_s"] > 0
 
@@ -131,6 +132,16 @@ def test_grading_agrees_with_the_harness_package_on_the_same_logs(env, tmp_path)
             statuses = sb.read_file(f"{WORKDIR}/tests.json")  # the expected lists the program graded against
         ours = parse_marker(r.stdout)
         official, report, resolution = _official_grade(env, inst, log, tmp_path)
+        # the host grader (what sweflow trains on) reads the same log the same way
+        host = HostGrader.for_metadata(meta).grade(log, meta, ours["test_exit_code"]).to_marker_dict()
+        for key in (
+            "parsed_tests",
+            "fail_to_pass_success",
+            "pass_to_pass_success",
+            "resolved",
+            "failure_reason",
+        ):
+            assert host[key] == ours[key], (name, key)
         assert ours["parsed_tests"] == len(official), name
         assert ours["fail_to_pass_success"] == len(report["FAIL_TO_PASS"]["success"]), name
         assert ours["pass_to_pass_success"] == len(report["PASS_TO_PASS"]["success"]), name
