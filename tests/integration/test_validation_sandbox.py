@@ -113,7 +113,7 @@ EXPECTED = {
     "edits_test": ("gold_fails", "prohibited_test_modification"),
     # atexit + os._exit is code reaching for the test run: refused before a sandbox (the host-grading
     # side of such forgeries is in test_attacks_reward.py)
-    "forged_passed": ("gold_fails", "suspicious_test_tampering x2"),
+    "forged_passed": ("gold_fails", "suspicious_test_tampering"),
 }
 
 
@@ -132,6 +132,7 @@ def test_broken_variants_get_the_right_verdict(sample_env):  # noqa: F811
         got["edits_test"]["gold_test_files"] == ["tests/test_tokenizer.py"]
         and got["edits_test"]["runs"] == []
     )
-    forged = [r for r in got["forged_passed"]["runs"] if r["patch"] == "gold"]
-    assert forged and all("atexit" in r["output_tail"] and r["timings"] == {} for r in forged)
+    assert got["forged_passed"]["runs"] == [] and got["forged_passed"]["gold_test_files"] == [
+        "calclib/tokenizer.py"
+    ]
     assert "git apply failed" in got["does_not_apply"]["runs"][0]["output_tail"]
