@@ -20,7 +20,6 @@ import hmac
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from .. import __version__
+from .httpio import linger
 from .sessions import ApiError, SessionManager, check_id
 
 log = logging.getLogger("sweflow.blackbox")
@@ -38,10 +38,6 @@ TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
 TOKEN_FILE_ENV = "SWEFLOW_BLACKBOX_TOKEN_FILE"
 DEFAULT_TOKEN_FILE = "/run/sweflow/blackbox.token"
 READ_TIMEOUT_S = 10.0
-# After refusing a request whose body was not read, drain what the client already sent for this long so
-# closing the socket does not reset the connection before the client has read our answer.
-_LINGER_S = 0.5
-_LINGER_BYTES = 1 << 20
 
 
 class TokenSource:
@@ -214,23 +210,9 @@ def _make_handler(server: BlackboxServer) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(data)
                 if self._unread_body:
-                    self._linger()
+                    linger(self.connection)
             except (BrokenPipeError, ConnectionResetError, TimeoutError):
                 self.close_connection = True  # the client gave up (e.g. its own timeout)
-
-        def _linger(self) -> None:
-            """Half-close, then discard what the client still sends for a moment (see _LINGER_S)."""
-            try:
-                self.connection.shutdown(socket.SHUT_WR)
-                self.connection.settimeout(_LINGER_S)
-                deadline, got = time.monotonic() + _LINGER_S, 0
-                while got < _LINGER_BYTES and time.monotonic() < deadline:
-                    chunk = self.connection.recv(65536)
-                    if not chunk:
-                        break
-                    got += len(chunk)
-            except OSError:
-                pass
 
         def _body(self) -> dict[str, Any]:
             if self.headers.get("Transfer-Encoding"):

@@ -11,19 +11,15 @@ import json
 import logging
 import re
 import socket
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sweflow.blackbox.httpio import linger
 from sweflow.proxy import anthropic as an
 
 log = logging.getLogger("sweflow.proxy")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_JSON_DEPTH = 64
-# After refusing a body we did not read, drain what the client already sent for this long, so that closing
-# the socket does not reset the connection before the client has read the answer.
-_LINGER_S = 0.5
-_LINGER_BYTES = 1 << 20
 
 
 class HttpError(Exception):
@@ -151,21 +147,6 @@ class ProxyHandler(BaseHTTPRequestHandler):
         if not self.server.proxy.is_admin(token):
             raise self._refuse_unread(401, "authentication_error", "admin endpoint needs the admin token")
 
-    def _linger(self) -> None:
-        """Half-close, then discard what the client still sends for a moment (see _LINGER_S)."""
-        try:
-            self.wfile.flush()
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(_LINGER_S)
-            deadline, got = time.monotonic() + _LINGER_S, 0
-            while got < _LINGER_BYTES and time.monotonic() < deadline:
-                chunk = self.connection.recv(65536)
-                if not chunk:
-                    break
-                got += len(chunk)
-        except OSError:
-            pass
-
     def _send_error(self, status: int, error_type: str, message: str) -> None:
         try:
             self._send_json(status, an.error_body(error_type, message))
@@ -173,7 +154,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if self._unread_body:
-            self._linger()
+            self.wfile.flush()
+            linger(self.connection)
 
     # ------------------------------------------------------------------ routes
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
