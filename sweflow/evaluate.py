@@ -214,6 +214,13 @@ def _result(reason: str, timings: dict, *, tail: str = "", error: str | None = N
     return EvalResult(0.0, False, reason, None, _bounded(tail), timings, error)
 
 
+def _refused(found: list, timings: dict) -> EvalResult:
+    """Reward 0 for a patch that broke an integrity rule: the first rule's reason, every violation kept."""
+    res = _result(found[0].reason, timings, tail="refused: " + "; ".join(v.detail for v in found[:5]))
+    res.violations = [v.to_dict() for v in found]
+    return res
+
+
 def _read_log(path: str) -> str:
     with open(path, "rb") as fh:
         return _decode(fh.read())
@@ -259,9 +266,7 @@ def evaluate_patch(
         else []
     )
     if found:
-        res = _result(found[0].reason, timings, tail="refused: " + "; ".join(v.detail for v in found[:5]))
-        res.violations = [v.to_dict() for v in found]
-        return res
+        return _refused(found, timings)
     host_script = host_eval_script(script, instance_id=metadata.get("instance_id"))
     eval_timeout = int(min(EVAL_TIMEOUT, max(1.0, step_timeout - 60)))
     sb: Sandbox | None = None
@@ -288,10 +293,7 @@ def evaluate_patch(
             )
             if found:
                 timings["setup_s"] = round(time.monotonic() - t1, 3)
-                detail = "refused: " + "; ".join(v.detail for v in found[:5])
-                res = _result(found[0].reason, timings, tail=detail)
-                res.violations = [v.to_dict() for v in found]
-                return res
+                return _refused(found, timings)
         sb.write_file(HOST_SCRIPT, host_script)
         timings["setup_s"] = round(time.monotonic() - t1, 3)
         t2 = time.monotonic()
