@@ -1,6 +1,7 @@
 """Detect rollouts that cheat: fetching the task's solution from the network, or editing tests.
 
-``scan_tool_calls`` looks at the agent's tool calls (extract them with ``tool_calls_from_stream_json`` or
+``scan_tool_calls`` looks at the agent's tool calls (the dispatcher takes them from the proxy's record,
+``tool_calls_from_turns``; ``tool_calls_from_stream_json`` reads an agent transcript; or
 ``tool_calls_from_messages``). The checks are heuristics over Bash text, tuned to miss little and to leave
 ordinary work alone (reading tests, running pytest, curl to localhost, editing source files).
 ``is_test_path`` is the one test-path rule, shared with the patch checks.

@@ -207,13 +207,11 @@ def line_statuses(parser, text: str, spec, names) -> dict:
     return seen
 
 
-def contradicted_tests(parser, text: str, spec, names) -> list:
-    """Tests in ``names`` that some line reports passing and another reports FAILED/ERROR."""
-    out = []
-    for test, st in line_statuses(parser, text, spec, names).items():
-        if set(st) & set(PASSING_STATUSES) and set(st) & set(FAILING_STATUSES):
-            out.append(test)
-    return sorted(out)
+def contradicted_tests(per_line: dict) -> list:
+    """Tests that some line reports passing and another FAILED/ERROR (``per_line`` from ``line_statuses``)."""
+    return sorted(
+        t for t, st in per_line.items() if set(st) & set(PASSING_STATUSES) and set(st) & set(FAILING_STATUSES)
+    )
 
 
 def duplicated_tests(per_line: dict) -> list:
@@ -262,11 +260,7 @@ def evaluate_log(
         if collect is not None:
             collect.update(statuses)
         per_line = line_statuses(parser, from_first_start(log, start), spec, f2p + p2p)
-        contradicted = sorted(
-            t
-            for t, st in per_line.items()
-            if set(st) & set(PASSING_STATUSES) and set(st) & set(FAILING_STATUSES)
-        )
+        contradicted = contradicted_tests(per_line)
         duplicated = duplicated_tests(per_line)
     except Exception as exc:
         tail = (tail + "\nparser exception: " + repr(exc))[-LOG_TAIL_CHARS:]
