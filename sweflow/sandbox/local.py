@@ -128,8 +128,10 @@ def check_unprivileged(uid: int) -> None:
 
 def _searchable(path: Path) -> None:
     """Give `path` and its ancestors search permission for others (bwrap resolves bind sources as the
-    sandbox uid); never read or write permission."""
-    for p in [path, *path.parents]:
+    sandbox uid); never read or write permission. A relative path counts from the working directory, and
+    a path through symlinks needs its real folders searchable too."""
+    chain = {q for base in {path.absolute(), path.resolve()} for q in (base, *base.parents)}
+    for p in sorted(chain):
         with contextlib.suppress(OSError):
             mode = p.stat().st_mode
             if not mode & stat.S_IXOTH:
@@ -157,7 +159,8 @@ class LocalProvider:
         testbed_requirements: tuple[str, ...] = ("pytest",),
         sandbox_uid: int = SANDBOX_UID,
     ) -> None:
-        self.root = Path(templates_root) if templates_root else default_root()
+        # absolute: bwrap gets bind sources from here, and every folder above must be searchable
+        self.root = (Path(templates_root) if templates_root else default_root()).absolute()
         self.start_server = start_server
         self.testbed_requirements = tuple(testbed_requirements)
         if int(sandbox_uid) == 0:
