@@ -40,18 +40,25 @@ class _Progress:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from sweflow.provenance import format_lineage, lineage
+    from sweflow.provenance import format_lineage, lineage, problems
 
     tree = lineage(args.path, args.root)
     if args.json:
         print(json.dumps(tree, sort_keys=True, indent=2))
     else:
         sys.stdout.write(format_lineage(tree))
-    return EXIT_OK
+    found = problems(tree)
+    for line in found:
+        print(line, file=sys.stdout if not args.json else sys.stderr)
+    return EXIT_FAIL if found else EXIT_OK
 
 
 def _add_audit(sub: Any) -> None:
-    p = sub.add_parser("audit", help="show the lineage of an artifact back to the dataset commit")
+    p = sub.add_parser(
+        "audit",
+        help="show the lineage of an artifact back to the dataset commit; exit 1 if a file no longer"
+        " matches its record",
+    )
     p.add_argument("path", help="an artifact that has a provenance record")
     p.add_argument("--root", help="folder holding .provenance/ (default: found from the cwd or the artifact)")
     p.add_argument("--json", action="store_true", help="print the lineage tree as JSON")
@@ -69,10 +76,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _add_verify(sub: Any) -> None:
-    p = sub.add_parser("verify", help="recompute artifact and input hashes and name anything that drifted")
+    p = sub.add_parser(
+        "verify",
+        help="check every record and run-manifest entry against the files; exit 1 on any drifted, missing"
+        " or unrecorded artifact",
+    )
     p.add_argument("--root", default=".", help="folder holding .provenance/ (default: the cwd)")
     p.add_argument(
-        "--manifest", help="check the artifacts listed in this run manifest (default: every record)"
+        "--manifest",
+        help="check only the artifacts listed in this run manifest (default: every record and every"
+        " results/*/manifest.json)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="one line per artifact on stderr")
     p.set_defaults(func=_cmd_verify)

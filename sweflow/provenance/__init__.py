@@ -4,7 +4,7 @@ Rules call `write_records` (or `record_snakemake`) after writing their outputs; 
 calls `write_manifest`. `sweflow audit` and `sweflow verify` read what they wrote.
 """
 
-from sweflow.provenance.audit import find_root, format_lineage, lineage, params_summary
+from sweflow.provenance.audit import find_root, format_lineage, lineage, params_summary, problems
 from sweflow.provenance.records import (
     PROVENANCE_DIR,
     ROOT_ENV,
@@ -23,6 +23,7 @@ from sweflow.provenance.records import (
 from sweflow.provenance.verify import (
     Problem,
     VerifyReport,
+    find_manifests,
     iter_records,
     manifest_entries,
     read_manifest,
@@ -37,6 +38,7 @@ __all__ = [
     "Problem",
     "VerifyReport",
     "file_state",
+    "find_manifests",
     "find_root",
     "format_lineage",
     "git_state",
@@ -45,6 +47,7 @@ __all__ = [
     "load_record",
     "manifest_entries",
     "params_summary",
+    "problems",
     "provenance_root",
     "read_manifest",
     "record_path",

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from sweflow.errors import ProvenanceError
-from sweflow.provenance.records import PROVENANCE_DIR, load_record, provenance_root, record_path, relpath
+from sweflow.provenance.records import (
+    PROVENANCE_DIR,
+    file_state,
+    load_record,
+    provenance_root,
+    record_path,
+    relpath,
+)
 
 
 def find_root(artifact: str | os.PathLike, root: str | os.PathLike | None = None) -> Path:
@@ -29,14 +36,71 @@ def lineage(artifact: str | os.PathLike, root: str | os.PathLike | None = None) 
     """The lineage tree of `artifact` as plain data (see the node keys below).
 
     Node: path, rule, kind, sha256, size, record, wildcards, params, dataset (where the rule declared it),
-    datasets (all roots it descends from), inputs (child nodes), repeat (True when the node was already
+    datasets (all roots it descends from), current_sha256 (the file's hash now; None when it is gone),
+    inputs (child nodes), repeat (True when the node was already
     shown elsewhere in the tree; its inputs are then left out). Inputs without a record are leaves with
     record None. Raises ProvenanceError naming the artifact when it has no record.
     """
     base = find_root(artifact, root)
     rel = relpath(artifact, base)
-    load_record(artifact, base)  # the artifact itself must have a record: fail early with its name
+    try:
+        load_record(artifact, base)  # the artifact itself must have a record: fail early with its name
+    except ProvenanceError as exc:
+        raise _unrecorded_error(exc, rel, base) from None
     return _node(rel, base, seen=set(), stack=())
+
+
+def _unrecorded_error(exc: ProvenanceError, rel: str, base: Path) -> ProvenanceError:
+    """`exc`, saying also which run manifest lists the artifact and whether the file still matches it."""
+    from sweflow.provenance.verify import find_manifests, read_manifest
+
+    for m in find_manifests(base):
+        try:
+            rows = read_manifest(m)
+        except ProvenanceError:
+            continue
+        row = next((r for r in rows if isinstance(r, dict) and r.get("path") == rel), None)
+        if row is None:
+            continue
+        st = file_state(base / rel)
+        now = (
+            "the file is gone"
+            if st is None
+            else (
+                "the file still matches it"
+                if st.sha256 == row.get("sha256")
+                else f"the file no longer matches it (now {st.sha256[:12]})"
+            )
+        )
+        where = m.relative_to(base).as_posix()
+        return ProvenanceError(
+            f"{exc.problem}; {where} lists it with sha256 {str(row.get('sha256'))[:12]} and {now}",
+            file=exc.file,
+            hint="its record was deleted; rerun the rule that makes it",
+        )
+    return exc
+
+
+def problems(tree: dict[str, Any]) -> list[str]:
+    """One line per node of a lineage tree whose file no longer matches its record (or is gone)."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        if node.get("record") and node["path"] not in seen:
+            seen.add(node["path"])
+            if node.get("current_sha256") is None:
+                out.append(f"MISSING {node['path']}: the file is gone (record {node['record']})")
+            elif node["current_sha256"] != node.get("sha256"):
+                out.append(
+                    f"DRIFTED {node['path']}: the file no longer matches its record {node['record']}"
+                    f" (record {node['sha256'][:12]}, file {node['current_sha256'][:12]})"
+                )
+        for child in node.get("inputs") or []:
+            walk(child)
+
+    walk(tree)
+    return out
 
 
 def _node(rel: str, base: Path, seen: set[str], stack: tuple[str, ...]) -> dict[str, Any]:
@@ -55,6 +119,7 @@ def _node(rel: str, base: Path, seen: set[str], stack: tuple[str, ...]) -> dict[
         "sha256": art.get("sha256"),
         "size": art.get("size"),
         "record": rp.relative_to(base).as_posix(),
+        "current_sha256": _current_sha(base / rel),
         "wildcards": rec.get("wildcards") or {},
         "params": rec.get("params") or {},
         "dataset": rec.get("dataset") if rec.get("dataset_origin") == "declared" else None,
@@ -80,6 +145,11 @@ def _node(rel: str, base: Path, seen: set[str], stack: tuple[str, ...]) -> dict[
                 child["inputs"] = [_node(folder, base, seen, (*stack, rel))]
         node["inputs"].append(child)
     return node
+
+
+def _current_sha(path: Path) -> str | None:
+    st = file_state(path)
+    return st.sha256 if st else None
 
 
 def _recorded_folder(rel: str, base: Path) -> str | None:
@@ -131,6 +201,11 @@ def _label(node: dict[str, Any]) -> str:
         where = f"(in {node['member_of']})" if node.get("member_of") else "(no record)"
         return f"{node['path']}  {where}" + (f"  {sha[:12]}" if sha else "")
     text = f"{node['path']}  [{node.get('rule')}]  {(node.get('sha256') or '')[:12]}"
+    current = node.get("current_sha256")
+    if current is None:
+        text += "  (FILE GONE)"
+    elif current != node.get("sha256"):
+        text += f"  (FILE CHANGED: now {current[:12]})"
     if node.get("consumed_sha256"):
         text += f" (consumed {node['consumed_sha256'][:12]})"
     if node.get("repeat"):

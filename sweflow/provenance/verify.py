@@ -111,10 +111,21 @@ def read_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
     return doc["artifacts"]
 
 
+MANIFEST_NAME = "manifest.json"
+
+
+def find_manifests(root: str | os.PathLike = ".") -> list[Path]:
+    """The run manifests under `root`: `results/<dataset>/manifest.json`, sorted."""
+    return sorted(provenance_root(root).glob(f"results/*/{MANIFEST_NAME}"))
+
+
 @dataclass(frozen=True)
 class Problem:
-    """One mismatch: kind 'drifted' or 'missing'; role says whether `path` is the record's artifact, one of
-    its inputs, or the record disagrees with the manifest ('manifest')."""
+    """One mismatch. kind: 'drifted', 'missing' or 'unrecorded' (listed or referenced, but no record).
+
+    role: what `path` is to `record` (the record or manifest that holds the expectation): 'artifact' (the
+    record's own artifact), 'input' (one of its inputs), 'listed' (a manifest row without a record), or
+    'record' (the artifact's record disagrees with the manifest `record`)."""
 
     kind: str
     path: str
@@ -124,11 +135,20 @@ class Problem:
     role: str
 
     def line(self) -> str:
+        where = f"listed in {self.record}" if self.role == "listed" else f"{self.role} of {self.record}"
+        if self.kind == "unrecorded":
+            if self.role == "input":
+                return f"UNRECORDED {self.path}: its record {self.expected} is gone (input of {self.record})"
+            return f"UNRECORDED {self.path}: {where}, but its record {self.expected} is gone"
         if self.kind == "missing":
-            return f"MISSING {self.path} (expected {_short(self.expected)}; {self.role} of {self.record})"
+            return f"MISSING {self.path} (expected {_short(self.expected)}; {where})"
+        if self.role == "record":
+            return (
+                f"DRIFTED {self.path}: {self.record} says {_short(self.expected)},"
+                f" its record says {_short(self.actual)}"
+            )
         return (
-            f"DRIFTED {self.path}: expected {_short(self.expected)}, actual {_short(self.actual)}"
-            f" ({self.role} of {self.record})"
+            f"DRIFTED {self.path}: expected {_short(self.expected)}, actual {_short(self.actual)} ({where})"
         )
 
 
@@ -138,28 +158,47 @@ def _short(sha: str | None) -> str:
 
 @dataclass
 class VerifyReport:
-    """Result of verify(): artifacts checked, and every problem found."""
+    """Result of verify(): artifacts checked, how many were fully consistent, and every problem found."""
 
     checked: int = 0
+    ok_count: int = 0
+    manifests: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+
+    def _paths(self, kind: str) -> list[str]:
+        return sorted({p.path for p in self.problems if p.kind == kind})
 
     @property
     def drifted(self) -> list[str]:
-        return sorted({p.path for p in self.problems if p.kind == "drifted"})
+        return self._paths("drifted")
 
     @property
     def missing(self) -> list[str]:
-        return sorted({p.path for p in self.problems if p.kind == "missing"})
+        return self._paths("missing")
+
+    @property
+    def unrecorded(self) -> list[str]:
+        return self._paths("unrecorded")
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def summary(self) -> str:
-        return f"verified {self.checked} artifacts, {len(self.drifted)} drifted, {len(self.missing)} missing"
+        return (
+            f"verified {self.checked} artifacts: {self.ok_count} ok, {len(self.drifted)} drifted,"
+            f" {len(self.missing)} missing, {len(self.unrecorded)} unrecorded"
+        )
 
 
 ProgressFn = Callable[[int, int, str, bool], None]
+
+
+def _rel(path: Path, base: Path) -> str:
+    try:
+        return path.resolve().relative_to(base).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def verify(
@@ -168,38 +207,40 @@ def verify(
     *,
     on_item: ProgressFn | None = None,
 ) -> VerifyReport:
-    """Recompute every recorded artifact's hash and every record's input hashes; report what differs.
+    """Recompute the hash of every recorded or manifest-listed artifact and of every record's inputs.
 
-    With `manifest`, its rows are the artifacts to check (and each row must agree with its record);
-    otherwise every record under `<root>/.provenance`. `on_item(i, total, path, ok)` is called per artifact.
-    Raises ProvenanceError when there is nothing to verify (no records, bad manifest).
+    Without `manifest`: every record under `<root>/.provenance` and every row of each run manifest
+    (find_manifests); with it: that manifest's rows only. A listed artifact without a record, or an input
+    whose record has gone, is 'unrecorded'; its file is still checked against the manifest's hash. An
+    artifact counts as ok when it, its record, the manifest and its inputs all agree. `on_item(i, total,
+    path, ok)` is called per artifact. Raises ProvenanceError when there is nothing to verify or a manifest
+    is unreadable.
     """
     base = provenance_root(root)
-    items: list[
-        tuple[str, str | None, dict[str, Any] | None, str]
-    ] = []  # path, expected, record, record path
     report = VerifyReport()
-    if manifest is not None:
-        for row in read_manifest(manifest):
-            rel = row.get("record") or f"{PROVENANCE_DIR}/{row['path']}.json"
-            rp = base / rel
-            rec = _read_record(rp) if rp.is_file() else None
-            if rec is None:
-                report.problems.append(Problem("missing", rel, row.get("sha256"), None, rel, "record"))
-            elif rec.get("artifact", {}).get("sha256") != row.get("sha256"):
-                report.problems.append(
-                    Problem("drifted", rel, row.get("sha256"), rec["artifact"].get("sha256"), rel, "manifest")
-                )
-            items.append((row["path"], row.get("sha256"), rec, rel))
-    else:
+    records: dict[str, tuple[str, dict[str, Any]]] = {}  # artifact path -> (record path, record)
+    listed: dict[str, list[tuple[str, dict[str, Any]]]] = {}  # artifact path -> [(manifest, row)]
+    if manifest is None:
+        manifests = find_manifests(base)
         for rp, rec in iter_records(base):
-            items.append(
-                (rec["artifact"]["path"], rec["artifact"].get("sha256"), rec, rp.relative_to(base).as_posix())
-            )
-        if not items:
-            raise ProvenanceError(
-                f"no provenance records under {base / PROVENANCE_DIR}", hint="run the workflow first"
-            )
+            records[rec["artifact"]["path"]] = (rp.relative_to(base).as_posix(), rec)
+    else:
+        manifests = [Path(manifest)]
+    for m in manifests:
+        mrel = _rel(m, base)
+        report.manifests.append(mrel)
+        for n, row in enumerate(read_manifest(m), 1):
+            if not isinstance(row, dict) or not isinstance(row.get("path"), str):
+                raise ProvenanceError("manifest row has no artifact path", file=mrel, row=n, field="path")
+            listed.setdefault(row["path"], []).append((mrel, row))
+            if manifest is not None and row["path"] not in records:
+                rel = row.get("record") or f"{PROVENANCE_DIR}/{row['path']}.json"
+                if (base / rel).is_file():
+                    records[row["path"]] = (rel, _read_record(base / rel))
+    if not records and not listed:
+        raise ProvenanceError(
+            f"no provenance records under {base / PROVENANCE_DIR}", hint="run the workflow first"
+        )
 
     states: dict[str, FileState | None] = {}
 
@@ -208,25 +249,52 @@ def verify(
             states[path] = file_state(resolve(path, base))
         return states[path]
 
-    total = len(items)
-    for i, (path, expected, rec, rel) in enumerate(items, 1):
-        before = len(report.problems)
+    flagged_unrecorded: set[str] = set()
+    paths = sorted(set(records) | set(listed))
+    for i, path in enumerate(paths, 1):
+        found: list[Problem] = []
+        stale_input = False
         st = state(path)
-        if st is None:
-            report.problems.append(Problem("missing", path, expected, None, rel, "artifact"))
-        elif st.sha256 != expected:
-            report.problems.append(Problem("drifted", path, expected, st.sha256, rel, "artifact"))
+        rel, rec = records.get(path, (None, None))
+        rows = listed.get(path, [])
+        if rec is not None:
+            expectations = [(rec["artifact"].get("sha256"), rel, "artifact")]
+            for mrel, row in rows:
+                if row.get("sha256") != rec["artifact"].get("sha256"):
+                    found.append(
+                        Problem(
+                            "drifted", path, row.get("sha256"), rec["artifact"].get("sha256"), mrel, "record"
+                        )
+                    )
+        else:
+            expectations = [(row.get("sha256"), mrel, "listed") for mrel, row in rows]
+            if st is not None and path not in flagged_unrecorded:
+                expected_rec = rows[0][1].get("record") or f"{PROVENANCE_DIR}/{path}.json"
+                found.append(Problem("unrecorded", path, expected_rec, None, rows[0][0], "listed"))
+                flagged_unrecorded.add(path)
+        for expected, source, role in expectations[:1] if st is None else expectations:
+            if st is None:
+                found.append(Problem("missing", path, expected, None, source, role))
+            elif st.sha256 != expected:
+                found.append(Problem("drifted", path, expected, st.sha256, source, role))
         for inp in (rec or {}).get("inputs") or []:
             if not inp.get("sha256"):
                 continue  # the input did not exist when the record was written; nothing to compare
             ist = state(inp["path"])
             if ist is None:
-                report.problems.append(Problem("missing", inp["path"], inp["sha256"], None, rel, "input"))
-            elif ist.sha256 != inp["sha256"]:
-                report.problems.append(
-                    Problem("drifted", inp["path"], inp["sha256"], ist.sha256, rel, "input")
-                )
+                found.append(Problem("missing", inp["path"], inp["sha256"], None, rel, "input"))
+                continue
+            if ist.sha256 != inp["sha256"]:
+                found.append(Problem("drifted", inp["path"], inp["sha256"], ist.sha256, rel, "input"))
+            if inp.get("record") and not (base / inp["record"]).is_file():
+                stale_input = True  # an input whose record was deleted: this artifact is not ok either
+                if inp["path"] not in flagged_unrecorded:  # one line per unrecorded file, not per consumer
+                    flagged_unrecorded.add(inp["path"])
+                    found.append(Problem("unrecorded", inp["path"], inp["record"], None, rel, "input"))
+        report.problems.extend(found)
         report.checked += 1
+        item_ok = not found and not stale_input
+        report.ok_count += item_ok
         if on_item is not None:
-            on_item(i, total, path, len(report.problems) == before)
+            on_item(i, len(paths), path, item_ok)
     return report

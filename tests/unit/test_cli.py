@@ -82,13 +82,13 @@ def test_audit_missing_record_is_one_line_exit_2(env: Path, capsys: pytest.Captu
 
 def test_verify_ok_then_drift_then_missing(lineage_tree: Lineage, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify"]) == 0
-    assert capsys.readouterr().out.strip() == "verified 4 artifacts, 0 drifted, 0 missing"
+    assert capsys.readouterr().out.strip() == "verified 4 artifacts: 4 ok, 0 drifted, 0 missing, 0 unrecorded"
 
     report = lineage_tree.path(REPORT)
     report.write_bytes(report.read_bytes().replace(b"2", b"3", 1))
     assert main(["verify", "--root", str(lineage_tree.root)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == "verified 4 artifacts, 1 drifted, 0 missing"
+    assert out[-1] == "verified 4 artifacts: 2 ok, 1 drifted, 0 missing, 0 unrecorded"
     assert any(
         line.startswith(f"DRIFTED {REPORT}: expected ") and f".provenance/{REPORT}.json" in line
         for line in out
@@ -99,7 +99,7 @@ def test_verify_ok_then_drift_then_missing(lineage_tree: Lineage, capsys: pytest
     assert main(["verify", "-v"]) == 1
     captured = capsys.readouterr()
     assert f"MISSING {PARQUET}" in captured.out
-    assert captured.out.splitlines()[-1] == "verified 4 artifacts, 1 drifted, 1 missing"
+    assert captured.out.splitlines()[-1] == "verified 4 artifacts: 1 ok, 1 drifted, 1 missing, 0 unrecorded"
     assert f"[2/4] PROBLEM {PARQUET}" in captured.err  # per-item progress lines
 
 
@@ -125,4 +125,4 @@ def test_console_script_runs(lineage_tree: Lineage) -> None:
         [str(exe), "verify"], capture_output=True, text=True, timeout=60, cwd=lineage_tree.root, env=env
     )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "verified 4 artifacts, 0 drifted, 0 missing"
+    assert res.stdout.strip() == "verified 4 artifacts: 4 ok, 0 drifted, 0 missing, 0 unrecorded"

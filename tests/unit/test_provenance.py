@@ -133,7 +133,7 @@ def test_lineage_of_unrecorded_artifact_names_it(lineage_tree: Lineage) -> None:
 def test_verify_passes_then_names_a_modified_middle_artifact(lineage_tree: Lineage) -> None:
     ok = verify(".")
     assert ok.ok and ok.checked == 4
-    assert ok.summary() == "verified 4 artifacts, 0 drifted, 0 missing"
+    assert ok.summary() == "verified 4 artifacts: 4 ok, 0 drifted, 0 missing, 0 unrecorded"
 
     before = sha256_file(PARQUET)
     _flip_one_byte(lineage_tree.path(PARQUET))
@@ -149,7 +149,8 @@ def test_verify_passes_then_names_a_modified_middle_artifact(lineage_tree: Linea
     p = report.problems[0]
     assert p.expected == before and p.actual == sha256_file(PARQUET)
     assert PARQUET in p.line() and before[:12] in p.line()
-    assert report.summary().startswith("verified 4 artifacts, 1 drifted")
+    # Only the revision is fully consistent: the report and the jsonl were made from the old parquet.
+    assert report.summary() == "verified 4 artifacts: 1 ok, 1 drifted, 0 missing, 0 unrecorded"
 
 
 def test_verify_reports_a_deleted_artifact_as_missing(lineage_tree: Lineage) -> None:
@@ -157,7 +158,7 @@ def test_verify_reports_a_deleted_artifact_as_missing(lineage_tree: Lineage) -> 
     report = verify(".")
     assert report.missing == [REPORT] and report.drifted == []
     assert {p.role for p in report.problems} == {"artifact", "input"}
-    assert report.summary() == "verified 4 artifacts, 0 drifted, 1 missing"
+    assert report.summary() == "verified 4 artifacts: 2 ok, 0 drifted, 1 missing, 0 unrecorded"
 
 
 def test_verify_against_manifest(lineage_tree: Lineage) -> None:
@@ -168,10 +169,12 @@ def test_verify_against_manifest(lineage_tree: Lineage) -> None:
     # A record rewritten after the manifest disagrees with the manifest row.
     write_records([JSONL], rule="convert", code=[], started=time.time())
     rep = verify(".", "manifest.json")
-    assert sorted((p.role, p.path) for p in rep.problems) == [
-        ("artifact", JSONL),
-        ("manifest", f".provenance/{JSONL}.json"),
+    # The file matches its new record; what is wrong is that the record no longer matches the manifest.
+    assert [(p.kind, p.role, p.path, p.record) for p in rep.problems] == [
+        ("drifted", "record", JSONL, "manifest.json")
     ]
+    line = next(p.line() for p in rep.problems if p.role == "record")
+    assert line.startswith(f"DRIFTED {JSONL}: manifest.json says ") and "its record says" in line
 
 
 def test_no_secret_reaches_records_or_manifest(lineage_tree: Lineage) -> None:
