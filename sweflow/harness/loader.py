@@ -81,8 +81,13 @@ class Harness:
         )
 
     def parser_for(self, repo: str) -> Callable[..., Any] | None:
-        table = self.parser_table
-        return table.get(repo) or table.get(repo.lower())
+        key = repo_key(self.parser_table, repo)
+        return None if key is None else self.parser_table[key]
+
+    def specs_for(self, repo: str) -> dict | None:
+        """The package's version -> spec table for ``repo`` (looked up as the package does), or None."""
+        key = repo_key(self.specs_table, repo)
+        return None if key is None else self.specs_table[key]
 
     def register_repos(
         self,
@@ -124,14 +129,15 @@ class Harness:
             if key not in instance:
                 raise HarnessError("instance lacks a required field", row=iid, field=key)
         repo, version = instance["repo"], str(instance["version"])
-        if repo not in self.specs_table:
+        specs = self.specs_for(repo)
+        if specs is None:
             raise HarnessError(
                 f"repo {repo!r} is unknown to {self.package}",
                 row=iid,
                 field="repo",
                 hint="register it with Harness.register_repos",
             )
-        if version not in self.specs_table[repo]:
+        if version not in specs:
             raise HarnessError(
                 f"version {version!r} of {repo} is unknown to {self.package}",
                 row=iid,
@@ -158,7 +164,7 @@ class Harness:
                 return list(
                     builder(
                         inst,
-                        self.specs_table[repo][version],
+                        self.specs_for(repo)[version],
                         ENV_NAME,
                         REPO_DIRECTORY,
                         inst["base_commit"],
@@ -204,8 +210,23 @@ class Harness:
         return evaluator_command(self, instance, timeout_sec=timeout_sec, marker=marker)
 
     def _test_cmd(self, instance: Mapping[str, Any]) -> str:
-        cmd = self.specs_table[instance["repo"]][str(instance["version"])]["test_cmd"]
+        cmd = self.specs_for(instance["repo"])[str(instance["version"])]["test_cmd"]
         return cmd[-1] if isinstance(cmd, list) else cmd
+
+
+def repo_key(table: Mapping[str, Any], repo: str) -> str | None:
+    """The key under which ``table`` holds ``repo``, found the way the harness packages look repos up.
+
+    swebench 4.x keys its tables as GitHub spells the repo; the swegym fork lower-cases its tables'
+    keys and ``instance["repo"]`` (and derives the repo from the lower-cased instance id when grading).
+    So: the name as written, else its lower-cased form, else the one key equal to it ignoring case.
+    """
+    if repo in table:
+        return repo
+    if repo.lower() in table:
+        return repo.lower()
+    folded = [k for k in table if isinstance(k, str) and k.casefold() == repo.casefold()]
+    return folded[0] if len(folded) == 1 else None
 
 
 def instrument_exit_code(commands: list[str], start: str | None, end: str | None, test_cmd: str) -> list[str]:

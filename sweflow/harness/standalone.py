@@ -12,6 +12,7 @@ import gzip
 import importlib.metadata
 import inspect
 import json
+import re
 import shlex
 import sys
 import types
@@ -98,6 +99,10 @@ class _Inliner:
             self._add_class(name, obj)
         elif _is_literal(obj):
             self.constants.append(f"{name} = {obj!r}")
+        elif isinstance(obj, re.Pattern) and _is_literal(obj.pattern):
+            # a module-level compiled regex (swebench 5.x parsers use them): recompiled from its source
+            self.imports.append("import re")
+            self.constants.append(f"{name} = re.compile({obj.pattern!r}, {int(obj.flags)})")
         else:
             raise HarnessError(
                 f"cannot inline {name!r} ({type(obj).__name__}) from the parser module", field="parsers"
