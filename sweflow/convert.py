@@ -4,6 +4,11 @@ The row's ``blackbox_execute_cmds.after_agent`` evaluator (the official eval scr
 parser that prints a reward marker) is kept for trainers that grade the recipe's way; it TRUSTS the
 sandbox it runs in. sweflow itself never reads that marker: ``sweflow.evaluate`` runs the same script
 through the provider and grades the log on the host (``metadata.harness.parser`` names the parser).
+
+One row does not sink the split: a valid row whose template build failed or that the harness cannot handle
+(unknown repo or version, no eval script) is skipped and listed in the convert report with file, row,
+field and reason; the other rows convert. Rows that break the schema never get here: split validation
+(``sweflow.datasets``) fails the split on them, listing them all.
 """
 
 from __future__ import annotations
@@ -136,31 +141,44 @@ def convert_split(
     opts: ConvertOptions,
     source_file: str,
 ) -> ConvertResult:
-    """Convert every instance. Images whose template build failed are skipped and reported; an image absent
-    from both the map and the failure records is an error naming the row and the image."""
-    rows, skipped = [], []
+    """Convert every instance; a row that cannot be converted is skipped and reported, the others convert.
+
+    Skipped, each with file, row, field and reason: rows whose template build failed, and rows the harness
+    cannot handle (unknown repo or version, eval script or parser not buildable). Raises BadRowsError listing
+    every such row when an image is absent from both the map and the failure records (the pipeline's own
+    inconsistency), or when the harness could handle no row at all (a wrong harness package, not bad rows).
+    """
+    from .datasets import BadRowsError, RowProblem
+
+    rows, skipped, missing, harness_skips, total = [], [], [], 0, 0
     for i, inst in enumerate(instances):
-        image = opts.naming.image_for(inst["instance_id"], inst["repo"])
+        total += 1
+        iid = inst["instance_id"]
+        image = opts.naming.image_for(iid, inst["repo"])
+        where = {"instance_id": iid, "file": source_file, "row": i}
         if image not in template_map:
             if image in failed_images:
                 skipped.append(
-                    {"instance_id": inst["instance_id"], "image": image, "reason": failed_images[image]}
+                    {**where, "field": "sandbox_image", "image": image, "reason": failed_images[image]}
                 )
-                continue
-            raise DatasetError(
-                f"image {image!r} is missing from the template map",
-                file=source_file,
-                row=i,
-                field="sandbox_image",
-                hint="build its template or fix images.prefix",
-            )
+            else:
+                missing.append(
+                    RowProblem(
+                        f"image {image!r} is missing from the template map (build its template or fix images.prefix)",
+                        row=i,
+                        field="sandbox_image",
+                    )
+                )
+            continue
         try:
             evaluator = harness.evaluator_command(
                 inst, timeout_sec=opts.eval_timeout_sec, marker=opts.reward_marker
             )
             parser = harness.parser_for(inst["repo"])
         except HarnessError as exc:
-            raise HarnessError(exc.problem, file=source_file, row=i, field=exc.field or "repo") from None
+            harness_skips += 1
+            skipped.append({**where, "field": exc.field or "repo", "reason": f"harness: {exc.problem}"})
+            continue
         rows.append(
             convert_instance(
                 inst,
@@ -169,6 +187,16 @@ def convert_split(
                 opts=opts,
                 parser=getattr(parser, "__name__", None),
             )
+        )
+    if missing:
+        raise BadRowsError(missing, file=source_file, total_rows=total, what="for conversion")
+    if harness_skips and not rows:
+        raise BadRowsError(
+            [RowProblem(s["reason"], row=s["row"], field=s["field"]) for s in skipped],
+            file=source_file,
+            total_rows=total,
+            what="for conversion",
+            note="the harness could convert no row: check harness.package and harness.extra_repos",
         )
     return ConvertResult(rows=rows, skipped=skipped)
 

@@ -1,4 +1,12 @@
-"""Dataset revisions, downloads and split validation (both row shapes: raw SWE-Gym columns or SkyRL rows)."""
+"""Dataset revisions, downloads and split validation (both row shapes: raw SWE-Gym columns or SkyRL rows).
+
+Bad rows: a split is validated as a whole and every problem of every row (missing or mistyped field,
+invalid UTF-8, a problem statement over `dataset.max_problem_statement_chars`, duplicate ids) is collected;
+any problem fails the split with ONE error listing them all (file, row, field, problem, a line each). A row
+that breaks the schema means the file is not what the config says, and dropping it silently would change
+the dataset's identity. A valid row that the harness cannot handle is skipped per row at conversion
+(`sweflow.convert`), not here.
+"""
 
 from __future__ import annotations
 
@@ -189,59 +197,162 @@ def copy_offline(src_dir: str | os.PathLike, filename: str, dest: str | os.PathL
 # ---------------------------------------------------------------------------------------------- reading
 
 
+def _text_as_binary(t):
+    """The same Arrow type with every string replaced by binary, so reading never decodes UTF-8 (each field is
+    decoded when checked, and a bad byte is a problem of its row and field, not a traceback)."""
+    import pyarrow as pa
+
+    if pa.types.is_string(t):
+        return pa.binary()
+    if pa.types.is_large_string(t):
+        return pa.large_binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_text_as_binary(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_text_as_binary(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_text_as_binary(t.value_type)))
+    return t
+
+
 def read_table_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read a parquet file into plain Python rows (lists stay lists)."""
+    """Read a parquet file into plain Python rows (lists stay lists; text stays undecoded bytes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+        schema = pa.schema([f.with_type(_text_as_binary(f.type)) for f in table.schema])
+        return table.cast(schema).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
         raise DatasetError(
             f"not a readable parquet file: {exc}".splitlines()[0], file=str(path), hint="re-download it"
         ) from None
-    return table.to_pylist()
 
 
-def _as_list(value: Any, *, file: str, row: int, fieldname: str) -> list[str]:
-    if hasattr(value, "tolist") and not isinstance(value, str):  # numpy arrays from pandas
+@dataclass(frozen=True)
+class RowProblem:
+    """One problem of a split: a row (None: the whole file) and field, and what is wrong."""
+
+    problem: str
+    row: int | None = None
+    field: str | None = None
+    instance_id: str | None = None
+
+
+def _rows_text(rows: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "rows 0-2, 5"; [3] -> "row 3"."""
+    if len(rows) == 1:
+        return f"row {rows[0]}"
+    spans, start, prev = [], rows[0], rows[0]
+    for r in [*rows[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "rows " + ", ".join(spans)
+
+
+class BadRowsError(DatasetError):
+    """Every problem of a split in one error: one line per problem (the same problem in several rows is one
+    line naming them all); with more than one line, a first line says how many rows and problems. `note` (what
+    to do) ends the first line."""
+
+    def __init__(
+        self, problems: Sequence[RowProblem], *, file: str, total_rows: int, what: str = "", note: str = ""
+    ) -> None:
+        self.problems = list(problems)
+        self.total_rows = total_rows
+        self.what = what
+        self.note = note
+        first = self.problems[0]
+        super().__init__(first.problem, file=file, row=first.row, field=first.field)
+
+    @property
+    def bad_rows(self) -> list[int]:
+        return sorted({p.row for p in self.problems if p.row is not None})
+
+    def lines(self) -> list[str]:
+        groups: dict[tuple[str | None, str], list[int]] = {}
+        file_level = []
+        for p in self.problems:
+            if p.row is None:
+                file_level.append(DatasetError(p.problem, file=self.file, field=p.field).one_line())
+            else:
+                groups.setdefault((p.field, p.problem), []).append(p.row)
+        out = list(file_level)
+        for (fieldname, problem), rows in sorted(groups.items(), key=lambda kv: min(kv[1])):
+            where = f"{self.file}: {_rows_text(sorted(set(rows)))}"
+            where += f": field {fieldname!r}" if fieldname is not None else ""
+            out.append(" ".join(f"{where}: {problem}".split("\n")))
+        return out
+
+    def one_line(self) -> str:
+        lines = self.lines()
+        if len(lines) == 1:
+            return lines[0] + (f" ({self.note})" if self.note else "")
+        bad = self.bad_rows
+        head = f"{self.file}: {len(bad)} bad row{'s' * (len(bad) != 1)} of {self.total_rows}"
+        head += f" {self.what}" if self.what else ""
+        head += f", {len(lines)} problems (one per line below)"
+        head += f"; {self.note}" if self.note else ""
+        return "\n".join([head, *(f"  {ln}" for ln in lines)])
+
+
+class _Bad(Exception):
+    """A field's problem inside one row (collected, never shown as is)."""
+
+
+def _decode(value: Any) -> Any:
+    """Bytes (text columns are read undecoded) -> str, strictly; a str must encode to UTF-8."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _Bad(f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}") from None
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise _Bad(f"not valid UTF-8 text: unpaired surrogate at character {exc.start}") from None
+    return value
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        raise _Bad("is null, expected a list of test ids")
+    if hasattr(value, "tolist") and not isinstance(value, str | bytes):  # numpy arrays from pandas
         value = value.tolist()
+    value = _decode(value)
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise DatasetError(
-                "expected a list of test ids or a JSON list string, got a non-JSON string",
-                file=file,
-                row=row,
-                field=fieldname,
-            ) from None
+            raise _Bad("expected a list of test ids or a JSON list string, got a non-JSON string") from None
     if not isinstance(value, list | tuple):
-        raise DatasetError(
-            f"expected a list of test ids, got {type(value).__name__}", file=file, row=row, field=fieldname
-        )
+        raise _Bad(f"expected a list of test ids, got {type(value).__name__}")
     out = []
     for item in value:
+        item = _decode(item)
         if not isinstance(item, str):
-            raise DatasetError(
-                f"expected test ids as strings, got {type(item).__name__}",
-                file=file,
-                row=row,
-                field=fieldname,
-            )
+            raise _Bad(f"expected test ids as strings, got {type(item).__name__}")
         out.append(item)
     return out
 
 
-def _as_str(value: Any, *, file: str, row: int, fieldname: str, optional: bool) -> str:
-    if value is None and optional:
-        return ""
+def _as_str(value: Any, *, optional: bool) -> str:
+    if value is None:
+        if optional:
+            return ""
+        raise _Bad("is null, expected a string")
     if hasattr(value, "isoformat"):  # timestamps in created_at
         return value.isoformat()
+    value = _decode(value)
     if not isinstance(value, str):
-        raise DatasetError(
-            f"expected a string, got {type(value).__name__}", file=file, row=row, field=fieldname
-        )
+        raise _Bad(f"expected a string, got {type(value).__name__}")
     return value
 
 
@@ -257,47 +368,59 @@ def unwrap_row(row: dict[str, Any], *, shape: str, file: str, index: int) -> dic
     return dict(row)
 
 
-def normalize_instance(inst: dict[str, Any], *, file: str, index: int) -> dict[str, Any]:
-    """Check required fields and types; lists given as lists, arrays or JSON strings become lists of str."""
+def check_instance(
+    inst: dict[str, Any], *, index: int, max_problem_statement_chars: int | None = None
+) -> tuple[dict[str, Any], list[RowProblem]]:
+    """Check one row's fields and types; every problem of the row is returned, none raised. Lists given as
+    lists, arrays or JSON strings become lists of str; text must be valid UTF-8."""
     out: dict[str, Any] = {}
+    problems: list[RowProblem] = []
+
+    def bad(fieldname: str, problem: str) -> None:
+        problems.append(RowProblem(problem, row=index, field=fieldname))
+
     for name, kind in {**REQUIRED_FIELDS, **OPTIONAL_FIELDS}.items():
         optional = name in OPTIONAL_FIELDS
         if name not in inst:
             if optional:
                 out[name] = ""
-                continue
-            raise DatasetError("required column is missing", file=file, row=index, field=name)
-        value = inst[name]
-        if kind == "list":
-            out[name] = _as_list(value, file=file, row=index, fieldname=name)
-        else:
-            out[name] = _as_str(value, file=file, row=index, fieldname=name, optional=optional)
+            else:
+                bad(name, "required column is missing")
+            continue
+        try:
+            out[name] = _as_list(inst[name]) if kind == "list" else _as_str(inst[name], optional=optional)
+        except _Bad as exc:
+            bad(name, str(exc))
+    ok = {name for name in out}
     for name in ("instance_id", "repo", "base_commit", "version", "problem_statement"):
-        if not out[name].strip():
-            raise DatasetError("must not be empty", file=file, row=index, field=name)
-    if not INSTANCE_ID_RE.match(out["instance_id"]):
-        raise DatasetError(
-            f"instance id {out['instance_id']!r} is not of the form owner__repo-number",
-            file=file,
-            row=index,
-            field="instance_id",
+        if name in ok and not out[name].strip():
+            bad(name, "must not be empty")
+            ok.discard(name)
+    if "instance_id" in ok and not INSTANCE_ID_RE.match(out["instance_id"]):
+        bad("instance_id", f"instance id {out['instance_id']!r} is not of the form owner__repo-number")
+    if "base_commit" in ok and not re.fullmatch(r"[0-9a-f]{7,40}", out["base_commit"]):
+        bad("base_commit", f"base commit {out['base_commit']!r} is not a hex commit id")
+    if "FAIL_TO_PASS" in ok and not out["FAIL_TO_PASS"]:
+        bad("FAIL_TO_PASS", "FAIL_TO_PASS is empty: the task has no test that the fix must make pass")
+    limit = max_problem_statement_chars
+    if "problem_statement" in ok and limit is not None and len(out["problem_statement"]) > limit:
+        bad(
+            "problem_statement",
+            f"{len(out['problem_statement'])} characters, over the limit of {limit}"
+            " (raise dataset.max_problem_statement_chars, or null for no limit)",
         )
-    if not re.fullmatch(r"[0-9a-f]{7,40}", out["base_commit"]):
-        raise DatasetError(
-            f"base commit {out['base_commit']!r} is not a hex commit id",
-            file=file,
-            row=index,
-            field="base_commit",
-        )
-    if not out["FAIL_TO_PASS"]:
-        raise DatasetError(
-            "FAIL_TO_PASS is empty: the task has no test that the fix must make pass",
-            file=file,
-            row=index,
-            field="FAIL_TO_PASS",
-        )
-    if not out["environment_setup_commit"]:
+    if not out.get("environment_setup_commit") and "base_commit" in ok:
         out["environment_setup_commit"] = out["base_commit"]
+    return out, problems
+
+
+def normalize_instance(
+    inst: dict[str, Any], *, file: str, index: int, max_problem_statement_chars: int | None = None
+) -> dict[str, Any]:
+    """check_instance for one row, raising BadRowsError with all of its problems."""
+    out, problems = check_instance(inst, index=index, max_problem_statement_chars=max_problem_statement_chars)
+    if problems:
+        raise BadRowsError(problems, file=file, total_rows=1)
     return out
 
 
@@ -310,6 +433,7 @@ class SplitReport:
     shape: str
     repos: dict[str, int] = field(default_factory=dict)
     instance_ids_sha256: str = ""
+    max_problem_statement_chars: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -320,6 +444,7 @@ class SplitReport:
             "shape": self.shape,
             "repos": dict(sorted(self.repos.items())),
             "instance_ids_sha256": self.instance_ids_sha256,
+            "max_problem_statement_chars": self.max_problem_statement_chars,
             "ok": True,
         }
 
@@ -331,34 +456,52 @@ def load_split(
     shape: str = "auto",
     expected_rows: int | None = None,
     display_name: str | None = None,
+    max_problem_statement_chars: int | None = None,
 ) -> tuple[list[dict[str, Any]], SplitReport]:
-    """Read and validate a whole split; returns the normalised instances and a report. Raises DatasetError."""
+    """Read and validate a whole split; returns the normalised instances and a report.
+
+    Every problem of every row is collected first; any problem fails the split with one BadRowsError that
+    lists them all (a wrong row count is listed too)."""
     from .util import sha256_bytes
 
     file = display_name or str(path)
     rows = read_table_rows(path)
+    problems: list[RowProblem] = []
     if expected_rows is not None and len(rows) != expected_rows:
-        raise DatasetError(
-            f"split {split!r} has {len(rows)} rows, expected {expected_rows}",
-            file=file,
-            field=f"splits.{split}.rows",
-            hint="wrong file or revision, or update the expected count",
+        problems.append(
+            RowProblem(
+                f"split {split!r} has {len(rows)} rows, expected {expected_rows}"
+                " (wrong file or revision, or update the expected count)",
+                field=f"splits.{split}.rows",
+            )
         )
     seen: dict[str, int] = {}
     instances = []
     detected = "skyrl" if rows and "instance" in rows[0] and shape != "raw" else "raw"
     for i, row in enumerate(rows):
-        inst = normalize_instance(unwrap_row(row, shape=shape, file=file, index=i), file=file, index=i)
-        iid = inst["instance_id"]
-        if iid in seen:
-            raise DatasetError(
-                f"duplicate instance id {iid!r} (first seen in row {seen[iid]})",
-                file=file,
-                row=i,
-                field="instance_id",
+        try:
+            raw = unwrap_row(row, shape=shape, file=file, index=i)
+        except DatasetError as exc:
+            problems.append(RowProblem(exc.problem, row=i, field=exc.field))
+            continue
+        inst, row_problems = check_instance(
+            raw, index=i, max_problem_statement_chars=max_problem_statement_chars
+        )
+        problems.extend(row_problems)
+        iid = inst.get("instance_id")
+        if iid is not None and iid in seen:
+            problems.append(
+                RowProblem(
+                    f"duplicate instance id {iid!r} (first seen in row {seen[iid]})",
+                    row=i,
+                    field="instance_id",
+                )
             )
-        seen[iid] = i
+        elif iid is not None:
+            seen[iid] = i
         instances.append(inst)
+    if problems:
+        raise BadRowsError(problems, file=file, total_rows=len(rows), what=f"in split {split!r}")
     repos: dict[str, int] = {}
     for inst in instances:
         repos[inst["repo"]] = repos.get(inst["repo"], 0) + 1
@@ -370,6 +513,7 @@ def load_split(
         shape=detected,
         repos=repos,
         instance_ids_sha256=sha256_bytes("\n".join(inst["instance_id"] for inst in instances)),
+        max_problem_statement_chars=max_problem_statement_chars,
     )
     return instances, report
 

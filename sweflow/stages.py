@@ -130,9 +130,17 @@ def validate_split(
     split: str,
     expected_rows: int | None,
     shape: str = "auto",
+    max_problem_statement_chars: int | None = None,
 ) -> dict[str, Any]:
-    """Validate the whole split (row count, schema, types, duplicates) and write the report."""
-    instances, report = load_split(parquet, split=split, shape=shape, expected_rows=expected_rows)
+    """Validate the whole split (row count, schema, types, UTF-8, statement size, duplicates) and write the
+    report; any bad row fails it with one error listing every bad row, and no report is written."""
+    instances, report = load_split(
+        parquet,
+        split=split,
+        shape=shape,
+        expected_rows=expected_rows,
+        max_problem_statement_chars=max_problem_statement_chars,
+    )
     data = report.to_dict()
     atomic_write_json(report_out, data)
     log.info(
@@ -150,11 +158,18 @@ def load_validated(
     shape: str,
     limit: int | None,
     expected: Mapping[str, int | None] | None = None,
+    max_problem_statement_chars: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Each split's instances (whole split validated, then the limit applied)."""
     out = {}
     for split, path in parquets.items():
-        inst, _ = load_split(path, split=split, shape=shape, expected_rows=(expected or {}).get(split))
+        inst, _ = load_split(
+            path,
+            split=split,
+            shape=shape,
+            expected_rows=(expected or {}).get(split),
+            max_problem_statement_chars=max_problem_statement_chars,
+        )
         out[split] = apply_limit(inst, limit)
     return out
 
@@ -167,9 +182,12 @@ def list_images(
     naming: ImageNaming,
     shape: str = "auto",
     limit: int | None = None,
+    max_problem_statement_chars: int | None = None,
 ) -> list[str]:
     """One byte-stable JSON per image under images_dir (unchanged files keep their mtime) + the ordered list."""
-    splits = load_validated(parquets, shape=shape, limit=limit)
+    splits = load_validated(
+        parquets, shape=shape, limit=limit, max_problem_statement_chars=max_problem_statement_chars
+    )
     groups: dict[str, dict[str, Any]] = {}
     for split, instances in splits.items():
         for image, rec in group_by_image(instances, naming).items():
@@ -247,11 +265,15 @@ def convert(
     harness: Any,
     shape: str = "auto",
     limit: int | None = None,
+    max_problem_statement_chars: int | None = None,
 ) -> dict[str, Any]:
-    """Convert one split to the training JSONL (atomic, byte-identical on rerun) and write a report."""
+    """Convert one split to the training JSONL (atomic, byte-identical on rerun) and write a report listing
+    each skipped row (file, row, field, reason: a failed template build or a row the harness cannot handle)."""
     from .convert import convert_split, rows_to_jsonl
 
-    instances, _ = load_split(parquet, split=opts.split, shape=shape)
+    instances, _ = load_split(
+        parquet, split=opts.split, shape=shape, max_problem_statement_chars=max_problem_statement_chars
+    )
     instances = apply_limit(instances, limit)
     result = convert_split(
         instances,
@@ -264,7 +286,9 @@ def convert(
     atomic_write(out, rows_to_jsonl(result.rows))
     report = {"split": opts.split, "rows": len(result.rows), "skipped": result.skipped}
     atomic_write_json(report_out, report)
-    log.info("converted %d rows (%d skipped: failed template builds)", len(result.rows), len(result.skipped))
+    for s in result.skipped:
+        log.warning("skipped %s: row %s: field %r: %s", s["file"], s["row"], s["field"], s["reason"])
+    log.info("converted %d rows, %d skipped", len(result.rows), len(result.skipped))
     return report
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from sweflow import stages
 from sweflow.convert import INTEGRITY_RULES
-from sweflow.errors import DatasetError, HarnessError
+from sweflow.datasets import BadRowsError
+from sweflow.errors import DatasetError
 from sweflow.images import ImageNaming
 from sweflow.sample import sample_rows, write_parquet
 
@@ -109,15 +110,18 @@ def test_output_is_byte_identical_on_rerun(tmp_path, harness):
     assert b.read_bytes() == first
 
 
-def test_image_missing_from_map_names_row_and_image(tmp_path, harness):
+def test_images_missing_from_map_are_all_named_in_one_error(tmp_path, harness):
     rows = sample_rows("train")
     mapping = full_map(rows)
-    missing = next(iter(list(mapping)[2:3]))
-    del mapping[missing]
+    gone = list(mapping)[2:4]
+    for image in gone:
+        del mapping[image]
     with pytest.raises(DatasetError) as err:
         convert_files(tmp_path, harness, rows, mapping)
-    msg = str(err.value)
-    assert "row 2" in msg and missing in msg and "sandbox_image" in msg and "\n" not in msg
+    lines = str(err.value).splitlines()
+    assert lines[0].endswith(f"2 bad rows of {len(rows)} for conversion, 2 problems (one per line below)")
+    assert "row 2: field 'sandbox_image'" in lines[1] and gone[0] in lines[1]
+    assert "row 3: field 'sandbox_image'" in lines[2] and gone[1] in lines[2]
     assert not (tmp_path / "train.jsonl").exists()
 
 
@@ -129,23 +133,42 @@ def test_failed_template_builds_are_skipped_and_reported(tmp_path, harness):
     out, report = convert_files(tmp_path, harness, rows, mapping, failures={broken: "docker_build: exit 1"})
     assert report["rows"] == len(rows) - 1
     assert report["skipped"] == [
-        {"image": broken, "instance_id": rows[0]["instance_id"], "reason": "docker_build: exit 1"}
+        {
+            "file": str(tmp_path / "train.parquet"),
+            "row": 0,
+            "field": "sandbox_image",
+            "image": broken,
+            "instance_id": rows[0]["instance_id"],
+            "reason": "docker_build: exit 1",
+        }
     ]
 
 
-def test_unknown_repo_for_the_harness_names_the_row(tmp_path, harness):
+def test_rows_the_harness_cannot_handle_are_skipped_and_the_others_convert(tmp_path, harness):
     rows = sample_rows("train")
     rows[3] = {**rows[3], "repo": "acme/unknown", "instance_id": "acme__unknown-1"}
-    with pytest.raises(HarnessError) as err:
+    rows[1] = {**rows[1], "version": "9.9"}
+    out, report = convert_files(tmp_path, harness, rows, full_map(rows))
+    converted = [json.loads(line)["metadata"]["instance_id"] for line in out.read_text().splitlines()]
+    assert converted == [r["instance_id"] for i, r in enumerate(rows) if i not in (1, 3)]
+    assert report["rows"] == len(rows) - 2
+    skipped = {s["row"]: s for s in report["skipped"]}
+    assert sorted(skipped) == [1, 3]
+    assert skipped[3]["instance_id"] == "acme__unknown-1" and skipped[3]["field"] == "repo"
+    assert "acme/unknown" in skipped[3]["reason"] and skipped[3]["reason"].startswith("harness: ")
+    assert "9.9" in skipped[1]["reason"] and skipped[1]["file"] == str(tmp_path / "train.parquet")
+    assert all("\n" not in s["reason"] for s in report["skipped"])
+    # the report on disk is what was returned
+    assert json.loads((tmp_path / "train.report.json").read_text()) == report
+
+
+def test_a_harness_that_can_handle_no_row_fails_the_split_listing_every_row(tmp_path, harness):
+    rows = [{**r, "version": "9.9"} for r in sample_rows("train")]
+    with pytest.raises(BadRowsError) as err:
         convert_files(tmp_path, harness, rows, full_map(rows))
     msg = str(err.value)
-    assert "row 3" in msg and "acme/unknown" in msg and "\n" not in msg
+    assert "\n" not in msg and msg.endswith(
+        "(the harness could convert no row: check harness.package and harness.extra_repos)"
+    )
+    assert f"train.parquet: rows 0-{len(rows) - 1}: field 'version': harness: version '9.9'" in msg
     assert not (tmp_path / "train.jsonl").exists()
-
-
-def test_unknown_version_for_the_harness_names_the_row(tmp_path, harness):
-    rows = sample_rows("train")
-    rows[1] = {**rows[1], "version": "9.9"}
-    with pytest.raises(HarnessError) as err:
-        convert_files(tmp_path, harness, rows, full_map(rows))
-    assert "row 1" in str(err.value) and "9.9" in str(err.value)
