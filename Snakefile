@@ -38,5 +38,13 @@ rule data:
         template_map=f"results/{DATASET}/template-map.json",
 
 
+onstart:
+    # reap the sandboxes and build folders of an earlier, killed run (sweflow.sandbox.ledger); instant when
+    # there are none, and a running pipeline's own are left alone
+    from sweflow.sandbox.ledger import reap_on_start
+
+    reap_on_start()
+
+
 onsuccess:
     write_run_manifest()

@@ -142,7 +142,26 @@ def _add_refresh(sub: Any) -> None:
     p.set_defaults(func=_cmd_refresh)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify, _add_refresh]
+def _cmd_reap(args: argparse.Namespace) -> int:
+    from sweflow.sandbox.ledger import reap
+
+    report = reap(args.directory, say=print)
+    return EXIT_FAIL if report.failed else EXIT_OK
+
+
+def _add_reap(sub: Any) -> None:
+    p = sub.add_parser(
+        "reap",
+        help="remove the sandboxes and build folders a killed run left behind (by their recorded ids;"
+        " a running pipeline's are left alone)",
+    )
+    p.add_argument(
+        "--directory", "-d", help="the workflow's working directory holding .sweflow/ (default: the cwd)"
+    )
+    p.set_defaults(func=_cmd_reap)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify, _add_refresh, _add_reap]
 
 
 def build_parser() -> argparse.ArgumentParser:

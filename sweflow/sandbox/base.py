@@ -6,9 +6,11 @@ import atexit
 import threading
 import weakref
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import SandboxError
+from . import ledger
 
 OUTPUT_TAIL_CHARS = 64_000
 BLACKBOX_PORT = 31000
@@ -148,7 +150,9 @@ class Provider(Protocol):
 
 
 class SandboxBase:
-    """Shared lifetime handling: context manager, idempotent kill, kill on interpreter exit."""
+    """Shared lifetime handling: context manager, idempotent kill, kill on interpreter exit, and the
+    sandbox's ledger entry (sweflow.sandbox.ledger): `_record()` at create, removed once kill succeeded
+    (a subclass whose kill failed quietly sets `_ledger_keep` so the next run reaps it)."""
 
     _live: weakref.WeakSet = weakref.WeakSet()
     _lock = threading.Lock()
@@ -157,8 +161,14 @@ class SandboxBase:
         self.id = sid
         self.template = template
         self._killed = False
+        self._ledger_file: Path | None = None
+        self._ledger_keep = False
         with SandboxBase._lock:
             SandboxBase._live.add(self)
+
+    def _record(self, provider: str, **details: Any) -> None:
+        """Write this sandbox's ledger entry: what the reaper needs to remove it if this process dies."""
+        self._ledger_file = ledger.record("sandbox", provider, self.id, **details)
 
     def _kill(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -170,6 +180,8 @@ class SandboxBase:
             self._killed = True
             SandboxBase._live.discard(self)
         self._kill()
+        if not self._ledger_keep:
+            ledger.forget(self._ledger_file)
 
     @property
     def killed(self) -> bool:

@@ -340,6 +340,7 @@ class DockerSandbox(SandboxBase):
         folder: Path | None = None,
     ) -> None:
         super().__init__(container.id[:12], template)
+        self._record(provider.name, container=container.id, folder=str(folder) if folder else "")
         self.provider, self.container = provider, container
         self.routes, self.folder = routes, folder
         self.blackbox_token = secrets.token_urlsafe(32)

@@ -344,6 +344,7 @@ class E2BSandbox(SandboxBase):
 
     def __init__(self, sdk: SdkSandbox, template: str, provider: E2BProvider) -> None:
         super().__init__(sdk.sandbox_id, template)
+        self._record(provider.name, domain=provider.domain or "")
         self.sdk = sdk
         self.provider = provider
         self.blackbox_token = secrets.token_urlsafe(32)
@@ -505,3 +506,4 @@ class E2BSandbox(SandboxBase):
         except SandboxError as exc:
             # it still dies at its lifetime timeout; do not mask the caller's own error
             log.warning("%s", exc)
+            self._ledger_keep = True  # the next run's reaper tries again

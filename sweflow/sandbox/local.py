@@ -49,6 +49,7 @@ from typing import Any
 
 from ..errors import SandboxError
 from ..util import atomic_write_json, log, read_json, run_cmd, sha256_bytes, stable_json
+from . import ledger
 from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .images import CONDA_ACTIVATE, CONDA_BIN
@@ -191,6 +192,7 @@ class LocalProvider:
         self._prepare_root()
         tdir = self.template_dir(name)
         work = self.root / "_building" / f"{name}-{uuid.uuid4().hex[:8]}"
+        entry = ledger.record("building", self.name, work.name, path=str(work))
         work.mkdir(parents=True)
         try:
             if repo is not None:
@@ -225,6 +227,8 @@ class LocalProvider:
             shutil.rmtree(old, ignore_errors=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+            if not work.exists():
+                ledger.forget(entry)
         return TemplateRecord(
             image=spec.image,
             provider=self.name,
@@ -396,6 +400,7 @@ class LocalSandbox(SandboxBase):
         sandboxes.mkdir(parents=True, exist_ok=True)
         os.chmod(sandboxes, 0o711)
         self.dir = sandboxes / sid
+        self._record(provider.name, dir=str(self.dir))
         self.dir.mkdir(mode=0o711)
         self._timer = threading.Timer(timeout, self.kill)
         self._timer.daemon = True
@@ -687,10 +692,12 @@ def _export_testbed(image: str, dest: Path) -> None:
     if res.returncode != 0:
         raise SandboxError(f"docker create failed: {res.stderr.strip()}", file=image)
     cid = res.stdout.strip()
+    entry = ledger.record("container", "docker", cid[:12], container=cid)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         res = run_cmd(f"docker cp {cid}:/testbed - | tar -x -C {shlex.quote(str(dest.parent))}", timeout=900)
         if res.returncode != 0 or not dest.is_dir():
             raise SandboxError(f"exporting /testbed failed: {res.stderr.strip()}", file=image)
     finally:
-        run_cmd(["docker", "rm", "-f", cid], timeout=120)
+        if run_cmd(["docker", "rm", "-f", cid], timeout=120).returncode == 0:
+            ledger.forget(entry)
