@@ -18,10 +18,26 @@ own parser (``sweflow.harness.grader``). Nothing the tested code prints is read 
 PASSED line meets the cross-checks (exit status vs statuses, contradictory and duplicated status lines).
 The row's in-sandbox evaluator command (with its reward marker) stays in the training JSONL for other
 trainers; it trusts the sandbox.
+
+Infrastructure failures are not grades. ``EvalResult.infra`` is True (and ``error`` says why) when the
+evaluation could not run: a provider fault (fresh_eval_exception), the provider's deadline passed
+(fresh_eval_timeout: the in-sandbox ``timeout`` should have ended the script long before), the sandbox or
+the eval process was killed from outside (sandbox_lost), or the log of a trusted patch (validation's gold and
+empty) lacks the harness's start marker while the script ended on its own (eval_not_run: it never reached
+the test command). Callers retry or
+abort; they never give reward 0 for these. The test command running past its own ``timeout`` (exit
+124/137 from the eval script, the sandbox alive) is a grade: ``eval_timeout``, not resolved, as upstream.
+
+Network: a fresh sandbox is offline unless ``network`` says otherwise (``eval_network`` reads the
+``sandbox.network`` config: ``eval`` with per-repository ``eval_repos`` overrides); the agent's sandbox
+never takes this setting.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
+import json
 import logging
 import os
 import shlex
@@ -34,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import EvalError, SandboxError
+from .harness import driver
 from .harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
 from .integrity import DEFAULT_RULES, IntegrityRules
 from .integrity_patch import (
@@ -45,7 +62,7 @@ from .integrity_patch import (
 )
 from .sandbox.base import Provider, Sandbox
 from .sandbox.logged import TRUNCATED_NOTE
-from .util import retry
+from .util import atomic_write, retry
 
 log = logging.getLogger("sweflow.evaluate")
 
@@ -61,6 +78,12 @@ PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
 FAILED_APPLY_PATCH = "failed_apply_patch"
 FRESH_EVAL_EXCEPTION = "fresh_eval_exception"
 FRESH_EVAL_TIMEOUT = "fresh_eval_timeout"
+SANDBOX_LOST = "sandbox_lost"
+EVAL_NOT_RUN = "eval_not_run"
+# Reasons that say nothing about the patch or the task: the evaluation itself did not happen.
+INFRA_REASONS = (FRESH_EVAL_EXCEPTION, FRESH_EVAL_TIMEOUT, SANDBOX_LOST, EVAL_NOT_RUN)
+# Networks a fresh evaluation may get: offline, or the provider's outbound network.
+NETWORK_MODES = ("none", "internet")
 
 PATCH_FILE = "/tmp/.sweflow/patch.diff"
 OUTPUT_TAIL_CHARS = 4000
@@ -71,14 +94,17 @@ DEADLINE_GRACE = 120.0
 EVAL_TIMEOUT = 1200
 __all__ = [
     "EMPTY_GENERATION",
+    "INFRA_REASONS",
     "PROHIBITED_TEST_INFRASTRUCTURE",
     "PROHIBITED_TEST_MODIFICATION",
     "SUSPICIOUS_TEST_TAMPERING",
     "EvalResult",
     "PatchResult",
     "check_patch",
+    "eval_network",
     "evaluate_patch",
     "extract_patch",
+    "write_evidence",
     "patch_paths",
 ]
 
@@ -173,10 +199,12 @@ class EvalResult:
     ``reward`` is 1.0 only if the host-side grade says resolved. ``failure_reason``: None when resolved,
     else a harness reason (fail_to_pass_failure, log_contradicts_exit_code, duplicate_status_lines, ...),
     a patch-integrity reason (prohibited_test_infrastructure, suspicious_test_tampering, ...) or an
-    evaluation reason (failed_apply_patch, fresh_eval_exception, fresh_eval_timeout). ``marker`` is the
+    evaluation reason (failed_apply_patch, log_truncated, or one of ``INFRA_REASONS``). ``marker`` is the
     grade (the same fields the in-sandbox evaluator prints after its marker), ``output_tail`` the bounded
-    end of the evaluation log, ``timings`` seconds per phase, ``error`` "Type: message" for provider
-    faults, ``violations`` the refused changes when the patch broke an integrity rule.
+    end of the evaluation log, ``timings`` seconds per phase, ``error`` why the evaluation could not run
+    (set exactly for the infrastructure reasons), ``violations`` the refused changes when the patch broke
+    an integrity rule. ``log`` is the whole host-side log (``to_dict`` leaves it out), ``statuses`` the
+    status map the harness parser read from it, ``exit_code`` the provider's record of the eval command.
     """
 
     reward: float
@@ -187,9 +215,63 @@ class EvalResult:
     timings: dict = field(default_factory=dict)
     error: str | None = None
     violations: list = field(default_factory=list)
+    statuses: dict = field(default_factory=dict)
+    exit_code: int | None = None
+    log: str = field(default="", repr=False)
+
+    @property
+    def infra(self) -> bool:
+        """True when the evaluation did not happen (a provider or sandbox failure), so no grade exists."""
+        return self.failure_reason in INFRA_REASONS
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("log")
+        return out
+
+
+def eval_network(network_cfg: Mapping[str, Any] | None, repo: str) -> str:
+    """The network of a fresh evaluation of a row of ``repo``: ``eval_repos[repo]``, else ``eval``, else
+    "none". Repository names match case-insensitively (the harness forks differ in case)."""
+    cfg = dict(network_cfg or {})
+    repos = {str(k).lower(): v for k, v in (cfg.get("eval_repos") or {}).items()}
+    mode = str(repos.get(repo.lower(), cfg.get("eval") or "none"))
+    if mode not in NETWORK_MODES:
+        raise EvalError(
+            f"unknown evaluation network {mode!r} (expected one of {', '.join(NETWORK_MODES)})",
+            field="sandbox.network",
+            row=repo or None,
+        )
+    return mode
+
+
+def evidence_record(res: EvalResult, **labels: Any) -> dict[str, Any]:
+    """One evaluation's evidence: ``labels``, the outcome, the status map and the whole log."""
+    return {
+        **labels,
+        "failure_reason": res.failure_reason,
+        "resolved": res.resolved,
+        "error": res.error,
+        "exit_code": res.exit_code,
+        "statuses": dict(sorted(res.statuses.items())),
+        "log": res.log,
+    }
+
+
+def write_evidence(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
+    """Write evidence records as gzip-compressed JSON lines, byte-stable (mtime 0, no file name), atomically."""
+    raw = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
+        for rec in records:
+            gz.write(json.dumps(rec, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape"))
+            gz.write(b"\n")
+    atomic_write(path, raw.getvalue())
+
+
+def read_evidence(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records written by ``write_evidence``."""
+    with gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 def evaluator_step(metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -210,8 +292,16 @@ def _bounded(text: str, limit: int = OUTPUT_TAIL_CHARS) -> str:
     return text if len(text) <= limit else text[-limit:]
 
 
-def _result(reason: str, timings: dict, *, tail: str = "", error: str | None = None) -> EvalResult:
-    return EvalResult(0.0, False, reason, None, _bounded(tail), timings, error)
+def _result(
+    reason: str,
+    timings: dict,
+    *,
+    tail: str = "",
+    error: str | None = None,
+    log: str = "",
+    rc: int | None = None,
+) -> EvalResult:
+    return EvalResult(0.0, False, reason, None, _bounded(tail), timings, error, log=log, exit_code=rc)
 
 
 def _refused(found: list, timings: dict) -> EvalResult:
@@ -237,6 +327,8 @@ def evaluate_patch(
     env: dict | None = None,
     grader: HostGrader | None = None,
     rules: IntegrityRules = DEFAULT_RULES,
+    network: str | None = None,
+    trusted_patch: bool = False,
 ) -> EvalResult:
     """Apply ``patch`` in a fresh sandbox of ``template``, run the official eval script, grade on the host.
 
@@ -246,10 +338,15 @@ def evaluate_patch(
     ``Sandbox.run_logged`` (its log comes back through the provider's pipe, its exit status is the
     provider's record of the test command); grade the log here with the harness package's parser
     (``grader``, default ``HostGrader.for_metadata``). Nothing the sandbox prints is taken as a verdict.
-    ``rules`` are the integrity rules of the patch check.
+    ``rules`` are the integrity rules of the patch check. ``network`` ("none" or "internet", see
+    ``eval_network``) goes to ``provider.create``; None leaves the provider's default (offline).
+    ``trusted_patch`` (validation's gold and empty patches): a log without the start marker is then
+    eval_not_run (infrastructure); for an agent's patch it is graded, since code the patch brings may run
+    before the tests (a reinstall) and validation showed that the script reaches them without it.
     ``deadline`` is an absolute ``time.monotonic()`` instant (default: now + the evaluator step's timeout
     + 120 s); past it the result is fresh_eval_timeout. The sandbox is always killed. A row without an
-    evaluator command raises EvalError (a caller bug, not a rollout outcome).
+    evaluator command raises EvalError (a caller bug, not a rollout outcome). Infrastructure failures
+    come back with ``infra`` True (see the module docstring).
     """
     step = evaluator_step(metadata)
     workdir = metadata.get("workdir") or "/testbed"
@@ -278,6 +375,7 @@ def evaluate_patch(
             timeout=sandbox_timeout,
             env=env,
             metadata={"purpose": "fresh_eval", "instance_id": str(metadata.get("instance_id", ""))},
+            **({"network": network} if network is not None else {}),
         )
         timings["create_s"] = round(time.monotonic() - t0, 3)
         t1 = time.monotonic()
@@ -302,16 +400,42 @@ def evaluate_patch(
             return _result(FRESH_EVAL_TIMEOUT, timings, error="the fresh-eval deadline passed before the run")
         res = sb.run_logged(host_eval_command(eval_timeout), log_path, timeout=left, cwd=workdir)
         timings["eval_s"] = round(time.monotonic() - t2, 3)
+        log_text = _read_log(log_path) if os.path.exists(log_path) else ""
+        rc = res.exit_code
         if res.timed_out:
-            return _result(FRESH_EVAL_TIMEOUT, timings, error="the evaluator passed the fresh-eval deadline")
-        log_text = _read_log(log_path)
+            return _result(
+                FRESH_EVAL_TIMEOUT,
+                timings,
+                tail=log_text,
+                log=log_text,
+                rc=rc,
+                error="the evaluator passed the fresh-eval deadline",
+            )
+        grader = grader or HostGrader.for_metadata(metadata)
+        start = getattr(getattr(grader, "harness", None), "start_marker", None)
+        lost = _infra_failure(sb, rc, log_text, start, trusted=trusted_patch)
+        if lost is not None:
+            reason, why = lost
+            log.warning("fresh evaluation of %s: %s: %s", metadata.get("instance_id"), reason, why)
+            return _result(reason, timings, tail=log_text, log=log_text, rc=rc, error=why)
         if log_text.endswith(TRUNCATED_NOTE.decode()):
             # The end of the log (the runner's summary, its FAILED lines) is gone: nothing to grade.
-            return _result(LOG_TRUNCATED, timings, tail=log_text)
-        g = (grader or HostGrader.for_metadata(metadata)).grade(log_text, metadata, res.exit_code)
+            return _result(LOG_TRUNCATED, timings, tail=log_text, log=log_text, rc=rc)
+        g = grader.grade(log_text, metadata, rc)
         payload = g.to_marker_dict()
         reward = 1.0 if g.resolved else 0.0
-        return EvalResult(reward, g.resolved, g.failure_reason, payload, _bounded(log_text), timings, None)
+        return EvalResult(
+            reward,
+            g.resolved,
+            g.failure_reason,
+            payload,
+            _bounded(log_text),
+            timings,
+            None,
+            statuses=_statuses(grader, log_text, metadata),
+            exit_code=rc,
+            log=log_text,
+        )
     except Exception as exc:  # noqa: BLE001 - every fault becomes a graded outcome for the dispatcher
         log.warning(
             "fresh evaluation of %s failed: %s: %s", metadata.get("instance_id"), type(exc).__name__, exc
@@ -327,6 +451,66 @@ def evaluate_patch(
                 log.warning("killing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
             timings["kill_s"] = round(time.monotonic() - t3, 3)
         timings["total_s"] = round(time.monotonic() - t0, 3)
+
+
+def _alive(sb: Sandbox) -> bool:
+    if getattr(sb, "killed", False):
+        return False
+    try:
+        return sb.run("echo sweflow-alive", timeout=60).ok
+    except Exception:  # noqa: BLE001 - any fault means the sandbox is gone
+        return False
+
+
+def _infra_failure(
+    sb: Sandbox, rc: int, log_text: str, start: str | None, *, trusted: bool
+) -> tuple[str, str] | None:
+    """(reason, why) when the eval script did not run to its own end inside a live sandbox, else None.
+
+    A negative exit status is a signal from outside the sandbox's command (the provider's process was
+    killed); a killed sandbox is gone. When the log lacks the harness's start marker, or the status is
+    137 (SIGKILL: the eval's own ``timeout -k``, or a kill from outside), the sandbox is probed: dead
+    means sandbox_lost; alive without a start marker (and a ``trusted`` patch) means the script never
+    reached the test command.
+    """
+    if getattr(sb, "killed", False):
+        return SANDBOX_LOST, f"the sandbox was killed during the evaluation (exit {rc})"
+    if rc < 0:
+        return SANDBOX_LOST, f"the evaluation process was killed from outside (signal {-rc})"
+    no_start = bool(start) and start not in log_text
+    if no_start or rc == 137:
+        if not _alive(sb):
+            return SANDBOX_LOST, f"the sandbox died during the evaluation (exit {rc})"
+        if trusted and no_start and rc not in driver.TIMEOUT_RETURNCODES:
+            return EVAL_NOT_RUN, (
+                f"the eval script ended (exit {rc}) without reaching the test command "
+                f"(no {start!r} in the {len(log_text)}-character log)"
+            )
+    return None
+
+
+def _statuses(grader: HostGrader, log_text: str, metadata: Mapping[str, Any]) -> dict[str, str]:
+    """The harness parser's status map of the log (what the grade was computed from); {} if it fails."""
+    h = getattr(grader, "harness", None)
+    parser = grader.parser_for(metadata) if h is not None else None
+    if parser is None:
+        return {}
+    spec = driver._Spec(
+        {
+            "instance_id": metadata.get("instance_id", ""),
+            "repo": metadata.get("repo", ""),
+            "version": str(metadata.get("version", "")),
+            "FAIL_TO_PASS": list(metadata.get("FAIL_TO_PASS") or []),
+            "PASS_TO_PASS": list(metadata.get("PASS_TO_PASS") or []),
+        }
+    )
+    try:
+        return {
+            str(k): str(v)
+            for k, v in driver.parse_statuses(parser, log_text, spec, h.start_marker, h.end_marker).items()
+        }
+    except Exception:  # noqa: BLE001 - the grade already records a parser failure
+        return {}
 
 
 def _fresh_diff(sb: Sandbox, workdir: str, base: str) -> str:
@@ -361,4 +545,10 @@ def _prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
     r = sb.run(f"cd {wd} && git apply --binary --whitespace=nowarn {PATCH_FILE}", timeout=SETUP_TIMEOUT)
     if r.ok:
         return None
+    if r.timed_out or r.exit_code < 0 or not _alive(sb):
+        raise SandboxError(
+            f"git apply did not finish (exit {r.exit_code}{', timed out' if r.timed_out else ''})",
+            file=sb.template,
+            row=sb.id,
+        )
     return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()}"

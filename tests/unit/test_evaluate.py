@@ -92,8 +92,10 @@ class FakeProvider:
         self.sb = sb
         self.created: list[dict] = []
 
-    def create(self, template, *, timeout, env=None, metadata=None):
-        self.created.append({"template": template, "timeout": timeout, "env": env, "metadata": metadata})
+    def create(self, template, *, timeout, env=None, metadata=None, **kw):
+        self.created.append(
+            {"template": template, "timeout": timeout, "env": env, "metadata": metadata, **kw}
+        )
         if isinstance(self.sb, Exception):
             raise self.sb
         return self.sb
@@ -245,7 +247,8 @@ def test_resolved_run_resets_applies_runs_the_official_script_and_grades_on_the_
     assert cwd == "/testbed" and 1200 < timeout <= 1260 + 120
     assert sb.kill_count == 1
     assert {"create_s", "setup_s", "eval_s", "kill_s", "total_s"} <= set(res.timings)
-    assert EvalResult(**res.to_dict()) == res
+    assert EvalResult(**res.to_dict(), log=res.log) == res
+    assert res.log.startswith("noise\n") and res.statuses == ALL_PASS and res.exit_code == 0
 
 
 def test_empty_patch_skips_apply_and_grades_the_base():
@@ -391,3 +394,84 @@ def test_row_without_evaluator_is_a_caller_error():
     with pytest.raises(EvalError, match="no after-agent evaluator"):
         evaluate_patch(prov, "tpl", meta, SRC_PATCH)
     assert prov.created == []
+
+
+# ----- infrastructure failures, network, evidence -----------------------------------------------------------
+def test_a_process_killed_from_outside_or_a_dead_sandbox_is_infrastructure_not_a_grade():
+    for sb in (
+        FakeSandbox(log=pytest_log(ALL_PASS)[:40], exit_code=-9),  # the provider's process got SIGKILL
+        FakeSandbox(log=pytest_log(ALL_PASS), exit_code=137, rules=[("sweflow-alive", SandboxError("gone"))]),
+        FakeSandbox(log="", exit_code=1, rules=[("sweflow-alive", CommandResult(126, "", "container not running"))]),
+    ):
+        res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
+        assert (res.failure_reason, res.infra, res.reward, res.marker) == ("sandbox_lost", True, 0.0, None)
+        assert res.error and res.log == sb.log and sb.kill_count == 1
+    sb = FakeSandbox(log=pytest_log(ALL_PASS))
+    sb.killed = True  # the sandbox's lifetime ran out (or someone killed it) while the script ran
+    res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
+    assert res.failure_reason == "sandbox_lost" and "killed during the evaluation" in res.error
+
+
+def test_the_test_command_timing_out_in_a_live_sandbox_is_a_grade():
+    res = evaluate_patch(
+        FakeProvider(FakeSandbox(log=pytest_log(ALL_PASS), exit_code=137)), "tpl", META, SRC_PATCH
+    )
+    assert (res.failure_reason, res.infra, res.error) == ("eval_timeout", False, None)
+
+
+def test_a_log_without_the_start_marker_is_eval_not_run_for_trusted_patches_only():
+    log = "+ cd /testbed\n+ git status\n"  # the script ended before the test command
+    res = evaluate_patch(
+        FakeProvider(FakeSandbox(log=log, exit_code=2)), "tpl", META, SRC_PATCH, trusted_patch=True
+    )
+    assert (res.failure_reason, res.infra) == ("eval_not_run", True) and "no '>>>>> Start" in res.error
+    # An agent's patch may run code before the tests (a reinstall): its log is graded, reward 0.
+    res = evaluate_patch(FakeProvider(FakeSandbox(log=log, exit_code=2)), "tpl", META, SRC_PATCH)
+    assert (res.failure_reason, res.infra, res.reward) == ("no_tests_parsed", False, 0.0)
+
+
+def test_git_apply_cut_short_by_a_dead_sandbox_is_not_failed_apply_patch():
+    sb = FakeSandbox(rules=[("git apply", CommandResult(-9, "", "")), ("sweflow-alive", SandboxError("gone"))])
+    res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
+    assert (res.failure_reason, res.infra) == ("fresh_eval_exception", True) and "git apply" in res.error
+
+
+def test_network_reaches_create_only_when_given():
+    prov = FakeProvider(FakeSandbox(log=pytest_log(ALL_PASS)))
+    evaluate_patch(prov, "tpl", META, SRC_PATCH)
+    assert "network" not in prov.created[0]
+    prov = FakeProvider(FakeSandbox(log=pytest_log(ALL_PASS)))
+    evaluate_patch(prov, "tpl", META, SRC_PATCH, network="internet")
+    assert prov.created[0]["network"] == "internet"
+
+
+def test_eval_network_per_repository():
+    from sweflow.evaluate import eval_network
+
+    cfg = {"eval": "none", "eval_repos": {"pydicom/pydicom": "internet"}}
+    assert eval_network(cfg, "pydicom/pydicom") == "internet"
+    assert eval_network(cfg, "PyDicom/pydicom") == "internet"
+    assert eval_network(cfg, "getmoto/moto") == "none"
+    assert eval_network({}, "getmoto/moto") == eval_network(None, "x/y") == "none"
+    assert eval_network({"eval": "internet", "eval_repos": {"x/y": "none"}}, "x/y") == "none"
+    with pytest.raises(EvalError, match="unknown evaluation network 'bridge'"):
+        eval_network({"eval": "bridge"}, "x/y")
+
+
+def test_evidence_is_byte_stable_gzip_with_the_whole_log_and_status_map(tmp_path):
+    from sweflow.evaluate import evidence_record, read_evidence, write_evidence
+
+    log = "noise\n" + "x" * 10_000 + "\n" + pytest_log(F2P_FAIL)
+    res = evaluate_patch(FakeProvider(FakeSandbox(log=log, exit_code=1)), "tpl", META, SRC_PATCH)
+    assert res.log == log
+    res.log = log = "a non-UTF-8 byte: \udcff\n" + log  # as _read_log decodes one (surrogateescape)
+    recs = [evidence_record(res, patch="gold", run=0, attempt=1)]
+    a, b = tmp_path / "a.jsonl.gz", tmp_path / "b.jsonl.gz"
+    write_evidence(a, recs)
+    write_evidence(b, recs)
+    raw = a.read_bytes()
+    assert raw == b.read_bytes() and raw[:2] == b"\x1f\x8b"
+    assert raw[3] & 0x08 == 0 and raw[4:8] == b"\0\0\0\0", "no file name, mtime 0"
+    [back] = read_evidence(a)
+    assert back["log"] == log and back["statuses"] == F2P_FAIL and back["exit_code"] == 1
+    assert (back["patch"], back["failure_reason"]) == ("gold", "fail_to_pass_failure")
