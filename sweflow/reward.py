@@ -2,6 +2,24 @@
 
 Only lines that START with the marker count (a marker text quoted inside a log tail does not), and the
 last such line wins. Reward is 1.0 only for ``resolved: true`` with no failure reason, else 0.0.
+
+The grading rules behind ``resolved`` (``sweflow.harness.driver.grade``), decided against upstream SWE-bench:
+
+- A test passes iff its parsed status is PASSED or XFAIL; an absent test fails. Resolved iff every
+  FAIL_TO_PASS test passes and every PASS_TO_PASS test passes or is SKIPPED (swebench 5.x: a skip is not a
+  regression; 4.x leaves it out of both counts). A SKIPPED FAIL_TO_PASS test fails (5.x; 4.x let a patch
+  that skips every F2P test resolve). A test one line reports passing and another FAILED, ERROR or SKIPPED
+  is a contradiction (a forged PASSED line after the real one), as is a non-zero test exit code with no
+  failing test; a second PASSED line for a test is a duplicate. Both fail the grade.
+- Truncated ids: an expected id with more ``[`` than ``]`` (cut at a space by the ``-rA`` parsers, kept
+  so in datasets) matches the parsed ids it prefixes when they all agree on pass-or-not, else it fails
+  as ``ambiguous`` (swebench 5.x's rule). Other ids, including ids with spaces, match exactly.
+- A log with no line in the harness parser's form (pytest's verbose ``path::test STATUS`` lines, as
+  SWE-smith prints) is read by ``parse_log_pytest_verbose``, with the same contradiction, duplicate and
+  exit-code checks; ids keep their spaces there.
+- ``failure_reason`` is a stable code (``FAILURE_REASONS``: the first failing check); ``failure_detail``
+  in the marker payload counts every failure, e.g. ``fail_to_pass_failure: 2 of 3 (a=FAILED, b=absent);
+  pass_to_pass_regression: 71 of 159 (c=ERROR, d=FAILED, e=absent, +68 more)``.
 """
 
 from __future__ import annotations
@@ -25,6 +43,11 @@ class RewardResult:
     resolved: bool
     failure_reason: str | None
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failure_detail(self) -> str | None:
+        """The grade's full account of the failure (counts and names), when the marker carries one."""
+        return self.details.get("failure_detail") or self.failure_reason
 
     def to_dict(self) -> dict[str, Any]:
         return {

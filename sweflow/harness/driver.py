@@ -16,13 +16,18 @@ from dataclasses import asdict, dataclass, field
 
 # A test passes iff its status is one of these (the harness grading rule).
 PASSING_STATUSES = ("PASSED", "XFAIL")
-# Statuses that contradict a PASSED report of the same test.
+# Statuses that contradict a PASSED report of the same test (with SKIPPED, see CONTRADICTING_STATUSES).
 FAILING_STATUSES = ("FAILED", "ERROR")
+SKIPPED_STATUS = "SKIPPED"
+CONTRADICTING_STATUSES = FAILING_STATUSES + (SKIPPED_STATUS,)
 TEST_EXIT_CODE_MARKER = "SWEFLOW_TEST_EXIT_CODE="
 DEFAULT_REWARD_MARKER = "SWEFLOW_REWARD_JSON="
 TIMEOUT_RETURNCODES = (124, 137)  # `timeout` exit status; 137 when it had to SIGKILL (-k)
 LOG_TAIL_CHARS = 2000
+DETAIL_NAMES = 3  # test names a failure detail lists before "+N more"
 _WORDS = re.compile(r"[\s:()\[\],]+")
+# pytest's verbose form, as SWE-smith's logs have it: "<path>::<test id> STATUS   [ 42%]" (ids may hold spaces)
+_VERBOSE_LINE = re.compile(r"^(\S+?::.+?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL)(?: +\[ *\d+%\])?\s*$")
 
 FAILURE_REASONS = (
     "missing_parser",
@@ -38,7 +43,12 @@ FAILURE_REASONS = (
 
 @dataclass
 class GradeResult:
-    """The verdict for one evaluation; ``to_marker_dict`` is what the marker line carries."""
+    """The verdict for one evaluation; ``to_marker_dict`` is what the marker line carries.
+
+    ``failure_reason`` is a stable code (one of FAILURE_REASONS); ``failure_detail`` says it in full,
+    counting every failing test, e.g. ``pass_to_pass_regression: 71 of 159 (a=FAILED, b=absent, c=ERROR,
+    +68 more)``.
+    """
 
     resolved: bool
     fail_to_pass_success: int
@@ -51,14 +61,58 @@ class GradeResult:
     failure_reason: str | None = None
     log_tail: str = ""
     failed_tests: list = field(default_factory=list)
+    failure_detail: str | None = None
 
     def to_marker_dict(self) -> dict:
         return asdict(self)
 
 
+def resolve_test(name: str, statuses: dict) -> list:
+    """The keys of ``statuses`` that report the expected test ``name`` (empty: not reported).
+
+    Exact id first. An id with more ``[`` than ``]`` was truncated mid-parameter (the pytest ``-rA``
+    parsers cut ids at the first space, and datasets kept those cut ids): it matches every parsed id it
+    prefixes, but only when they all agree on pass-or-not (else it is ambiguous and reported as absent).
+    Any other id, spaces included, matches exactly only.
+    """
+    if name in statuses:
+        return [name]
+    if name.count("[") > name.count("]"):
+        keys = sorted(k for k in statuses if k.startswith(name))
+        if keys and len({statuses[k] in PASSING_STATUSES for k in keys}) == 1:
+            return keys
+    return []
+
+
 def test_passes(name: str, statuses: dict) -> bool:
     """True iff the test's parsed status is PASSED or XFAIL (absent tests do not pass)."""
-    return statuses.get(name) in PASSING_STATUSES
+    keys = resolve_test(name, statuses)
+    return bool(keys) and all(statuses[k] in PASSING_STATUSES for k in keys)
+
+
+def test_maintained(name: str, statuses: dict) -> bool:
+    """A PASS_TO_PASS test holds iff it passes or was SKIPPED (a skip is not a regression)."""
+    keys = resolve_test(name, statuses)
+    return bool(keys) and all(statuses[k] in PASSING_STATUSES + (SKIPPED_STATUS,) for k in keys)
+
+
+def _status_of(name: str, statuses: dict) -> str:
+    keys = resolve_test(name, statuses)
+    if keys:
+        return "/".join(sorted({statuses[k] for k in keys}))
+    return "ambiguous" if any(k.startswith(name) for k in statuses) and "[" in name else "absent"
+
+
+def _names(tests: list) -> str:
+    more = f", +{len(tests) - DETAIL_NAMES} more" if len(tests) > DETAIL_NAMES else ""
+    return f"{len(tests)} required tests ({', '.join(tests[:DETAIL_NAMES])}{more})"
+
+
+def _count_detail(code: str, failing: list, total: int, statuses: dict) -> str:
+    names = [f"{t}={_status_of(t, statuses)}" for t in failing[:DETAIL_NAMES]]
+    if len(failing) > DETAIL_NAMES:
+        names.append(f"+{len(failing) - DETAIL_NAMES} more")
+    return f"{code}: {len(failing)} of {total} ({', '.join(names)})"
 
 
 def grade(
@@ -72,48 +126,58 @@ def grade(
     duplicated: list | tuple = (),
     log_tail: str = "",
 ) -> GradeResult:
-    """Grade parsed test statuses against the expected F2P/P2P lists.
+    """Grade parsed test statuses against the expected F2P/P2P lists (the rules: ``sweflow.reward``).
 
-    Resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes, the evaluation did not time out,
-    some tests were parsed, no required test was reported both passing and failing (``contradicted``)
-    and, when the test command's exit code is known, it does not contradict an all-passing log, and no
-    required test was reported passing by more than one line (``duplicated``: a test runner reports each
-    test once; a second PASSED line was printed by something else). ``failure_reason`` is the first failing
-    check, in the order: timeout, nothing parsed, F2P, P2P, contradiction, duplicate.
+    Resolved iff every FAIL_TO_PASS test passes and every PASS_TO_PASS test passes or is skipped, the
+    evaluation did not time out, some tests were parsed, no required test was reported both passing and
+    failing or skipped (``contradicted``) and, when the test command's exit code is known, it does not
+    contradict an all-passing log, and no required test was reported passing by more than one line
+    (``duplicated``: a test runner reports each test once; a second PASSED line was printed by something
+    else). ``failure_reason`` is the first failing check, in the order: timeout, nothing parsed, F2P, P2P,
+    contradiction, duplicate; ``failure_detail`` counts every failing F2P and P2P test.
     """
-    f2p_ok = [t for t in fail_to_pass if test_passes(t, statuses)]
-    p2p_ok = [t for t in pass_to_pass if test_passes(t, statuses)]
-    failed = [t for t in list(fail_to_pass) + list(pass_to_pass) if not test_passes(t, statuses)]
+    f2p_bad = [t for t in fail_to_pass if not test_passes(t, statuses)]
+    p2p_bad = [t for t in pass_to_pass if not test_maintained(t, statuses)]
     required = set(fail_to_pass) | set(pass_to_pass)
+    required |= {k for t in list(required) for k in resolve_test(t, statuses)}
     bad_required = sorted(t for t in contradicted if t in required)
     dup_required = sorted(t for t in duplicated if t in required)
     any_failing = any(s in FAILING_STATUSES for s in statuses.values())
 
-    reason = None
+    counts = []
+    if f2p_bad:
+        counts.append(_count_detail("fail_to_pass_failure", f2p_bad, len(fail_to_pass), statuses))
+    if p2p_bad:
+        counts.append(_count_detail("pass_to_pass_regression", p2p_bad, len(pass_to_pass), statuses))
+    reason = detail = None
     if eval_returncode in TIMEOUT_RETURNCODES:
-        reason = "eval_timeout"
+        reason, detail = "eval_timeout", f"eval_timeout: eval exit status {eval_returncode}"
     elif not statuses:
-        reason = "no_tests_parsed"
-    elif len(f2p_ok) != len(fail_to_pass):
-        reason = "fail_to_pass_failure"
-    elif len(p2p_ok) != len(pass_to_pass):
-        reason = "pass_to_pass_regression"
-    elif bad_required or (test_exit_code not in (None, 0) and not any_failing):
+        reason, detail = "no_tests_parsed", "no_tests_parsed: the parser found no test status in the log"
+    elif counts:
+        reason, detail = ("fail_to_pass_failure" if f2p_bad else "pass_to_pass_regression"), "; ".join(counts)
+    elif bad_required:
         reason = "log_contradicts_exit_code"
+        detail = f"{reason}: {_names(bad_required)} reported both passing and failing or skipped"
+    elif test_exit_code not in (None, 0) and not any_failing:
+        reason = "log_contradicts_exit_code"
+        detail = f"{reason}: test exit code {test_exit_code} but no test failed"
     elif dup_required:
         reason = "duplicate_status_lines"
+        detail = f"{reason}: {_names(dup_required)} reported passing by more than one line"
     return GradeResult(
         resolved=reason is None,
-        fail_to_pass_success=len(f2p_ok),
+        fail_to_pass_success=len(fail_to_pass) - len(f2p_bad),
         fail_to_pass_total=len(fail_to_pass),
-        pass_to_pass_success=len(p2p_ok),
+        pass_to_pass_success=len(pass_to_pass) - len(p2p_bad),
         pass_to_pass_total=len(pass_to_pass),
         parsed_tests=len(statuses),
         eval_returncode=eval_returncode,
         test_exit_code=test_exit_code,
         failure_reason=reason,
         log_tail=log_tail,
-        failed_tests=sorted(set(failed))[:50],
+        failed_tests=sorted(set(f2p_bad + p2p_bad))[:50],
+        failure_detail=detail,
     )
 
 
@@ -125,6 +189,7 @@ def failed_grade(
     eval_returncode=None,
     test_exit_code=None,
     log_tail="",
+    detail: str = "",
 ) -> GradeResult:
     """A not-resolved verdict for failures before grading (missing parser, parser exception)."""
     return GradeResult(
@@ -138,6 +203,7 @@ def failed_grade(
         test_exit_code=test_exit_code,
         failure_reason=reason,
         log_tail=log_tail,
+        failure_detail=f"{reason}: {detail}" if detail else reason,
     )
 
 
@@ -160,6 +226,16 @@ def from_first_start(log: str, start: str | None) -> str:
     """The log from the first start marker on: where test output, and anything the tests print, can appear."""
     i = log.find(start) if start else -1
     return log[i:] if i >= 0 else log
+
+
+def parse_log_pytest_verbose(log: str, test_spec=None) -> dict:
+    """Statuses from pytest's verbose ``<path>::<id> STATUS`` lines (SWE-smith's logs); ids keep spaces."""
+    found = {}
+    for line in log.split("\n"):
+        m = _VERBOSE_LINE.match(line.rstrip())
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
 
 
 def parse_statuses(parser, log: str, spec, start: str, end: str) -> dict:
@@ -208,9 +284,11 @@ def line_statuses(parser, text: str, spec, names) -> dict:
 
 
 def contradicted_tests(per_line: dict) -> list:
-    """Tests that some line reports passing and another FAILED/ERROR (``per_line`` from ``line_statuses``)."""
+    """Tests one line reports passing and another FAILED/ERROR/SKIPPED (``per_line`` from ``line_statuses``)."""
     return sorted(
-        t for t, st in per_line.items() if set(st) & set(PASSING_STATUSES) and set(st) & set(FAILING_STATUSES)
+        t
+        for t, st in per_line.items()
+        if set(st) & set(PASSING_STATUSES) and set(st) & set(CONTRADICTING_STATUSES)
     )
 
 
@@ -253,13 +331,24 @@ def evaluate_log(
     tail = log[-LOG_TAIL_CHARS:]
     exit_code = test_exit_code if trusted_exit_code else read_test_exit_code(log)
     if parser is None:
-        return failed_grade("missing_parser", f2p, p2p, eval_returncode=eval_returncode, log_tail=tail)
+        return failed_grade(
+            "missing_parser",
+            f2p,
+            p2p,
+            eval_returncode=eval_returncode,
+            log_tail=tail,
+            detail=f"the harness has no log parser for {meta.get('repo') or 'this repo'}",
+        )
     spec = _Spec(meta)
     try:
         statuses = parse_statuses(parser, log, spec, start, end)
+        if not statuses:  # no line in the parser's form: read pytest's verbose form (same integrity checks)
+            statuses = parse_statuses(parse_log_pytest_verbose, log, spec, start, end)
+            parser = parse_log_pytest_verbose if statuses else parser
         if collect is not None:
             collect.update(statuses)
-        per_line = line_statuses(parser, from_first_start(log, start), spec, f2p + p2p)
+        wanted = set(f2p + p2p) | {k for t in f2p + p2p for k in resolve_test(t, statuses)}
+        per_line = line_statuses(parser, from_first_start(log, start), spec, sorted(wanted))
         contradicted = contradicted_tests(per_line)
         duplicated = duplicated_tests(per_line)
     except Exception as exc:
@@ -271,6 +360,7 @@ def evaluate_log(
             eval_returncode=eval_returncode,
             test_exit_code=exit_code,
             log_tail=tail,
+            detail=repr(exc)[:300],
         )
     return grade(
         statuses,
@@ -312,7 +402,9 @@ def main(argv, parser, start: str, end: str) -> int:
             with open(args["--dump-statuses"], "w", encoding="utf-8") as fh:
                 json.dump(statuses, fh, sort_keys=True)
     except Exception as exc:  # always print a marker: a silent crash would read as a missing marker
-        result = failed_grade("parser_exception", [], [], eval_returncode=eval_rc, log_tail=repr(exc))
+        result = failed_grade(
+            "parser_exception", [], [], eval_returncode=eval_rc, log_tail=repr(exc), detail=repr(exc)[:300]
+        )
     sys.stdout.write(marker_line(result, args["--marker"]) + "\n")
     sys.stdout.flush()
     return 0

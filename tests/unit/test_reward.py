@@ -62,3 +62,26 @@ def test_custom_marker():
     out = "MY=" + json.dumps({"resolved": True})
     assert reward_from_output(out, marker="MY=").reward == 1.0
     assert reward_from_output(out).failure_reason == MISSING_MARKER
+
+
+def test_failure_detail_comes_from_the_marker_and_falls_back_to_the_reason():
+    g = GradeResult(
+        False,
+        1,
+        3,
+        2,
+        2,
+        5,
+        0,
+        1,
+        "fail_to_pass_failure",
+        "",
+        ["a", "b"],
+        "fail_to_pass_failure: 2 of 3 (a=FAILED, b=absent)",
+    )
+    res = reward_from_output(marker_line(g))
+    assert (res.failure_reason, res.failure_detail) == (
+        "fail_to_pass_failure",
+        "fail_to_pass_failure: 2 of 3 (a=FAILED, b=absent)",
+    )
+    assert reward_from_output("").failure_detail == MISSING_MARKER
