@@ -189,7 +189,12 @@ def _docker_rm(cid: str) -> str:
 def _reap_docker(entry: dict[str, Any]) -> str:
     what = _docker_rm(str(entry["details"].get("container", "")))
     if entry["details"].get("folder"):
-        shutil.rmtree(_checked_dir(entry["details"]["folder"], prefix="sweflow-docker-"), ignore_errors=True)
+        try:  # the container is gone: a folder we may not remove is noted, not a reason to try again
+            shutil.rmtree(
+                _checked_dir(entry["details"]["folder"], prefix="sweflow-docker-"), ignore_errors=True
+            )
+        except ValueError as exc:
+            what += f"; {exc}"
     return what
 
 
