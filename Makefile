@@ -14,7 +14,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[harness,sandbox,model,test]'
 	touch $@
 
-setup: $(VENV)/.installed
+# swebench 5.x beside 4.x (same package name, so not in one venv): only its pure-Python modules, whose
+# imports the venv already has; tests put this folder first on sys.path in a subprocess
+$(VENV)/harness5/.installed: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/harness5 'swebench==5.0.2'
+	touch $@
+
+setup: $(VENV)/.installed $(VENV)/harness5/.installed
 
 system:
 	bash .ci/system.sh

@@ -111,7 +111,10 @@ class HostGrader:
                 return self.harness.find_parser(str(name))
             except HarnessError:
                 return None
-        return self.harness.parser_for(str(metadata.get("repo") or ""))
+        try:
+            return self.harness.parser_for_instance(metadata)  # a 5.x row's log_parser, else by repo
+        except HarnessError:
+            return None
 
     def grade(self, log: str, metadata: Mapping[str, Any], exit_code: int | None) -> driver.GradeResult:
         """Grade ``log`` for the row; ``exit_code`` is the provider-recorded status of the eval command."""

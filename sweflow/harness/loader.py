@@ -1,14 +1,18 @@
 """Load the official SWE-bench-style harness package and build eval scripts with it.
 
-Supported layouts: ``swebench`` 4.x (``harness/test_spec/`` is a package) and the ``swegym`` fork
-(``harness/test_spec.py`` is a module). Nothing here re-implements the harness: the eval script comes from
-the package's own builders, and ``register_repos`` only adds rows to the package's own tables.
+Supported layouts: ``swebench`` 4.x (``harness/test_spec/`` is a package), the ``swegym`` fork
+(``harness/test_spec.py`` is a module) and ``swebench`` 5.x (``make_test_spec`` in ``harness/utils.py``
+builds the script from a row's own ``eval_script``; parsers by name in ``PARSER_REGISTRY`` or by repo in
+the per-language ``MAP_REPO_TO_PARSER_*`` tables). Nothing here re-implements the harness: the eval script
+comes from the package's own builders, and ``register_repos`` only adds rows to the package's own tables.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
+import re
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -17,7 +21,8 @@ from typing import Any
 
 from sweflow.errors import HarnessError
 
-SUPPORTED_PACKAGES_HINT = "install swebench>=4,<5 or the pinned swegym fork"
+SUPPORTED_PACKAGES_HINT = "install swebench 4.x or 5.x, or the pinned swegym fork"
+ROW_SCRIPT_FIELDS = ("eval_script", "log_parser")  # what a row needs under swebench 5.x
 TEST_EXIT_ECHO = 'echo "SWEFLOW_TEST_EXIT_CODE=$?"'
 ENV_NAME = "testbed"  # make_test_spec hard-codes the conda env and /testbed
 REPO_DIRECTORY = "/testbed"
@@ -33,6 +38,13 @@ def _import(name: str) -> types.ModuleType | None:
         raise
 
 
+def _version_of(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown version)"
+
+
 @dataclass
 class Harness:
     """Handles on one installed harness package; create with ``load_harness``."""
@@ -46,15 +58,26 @@ class Harness:
     start_marker: str | None
     end_marker: str | None
     _registered: dict = field(default_factory=dict)
+    row_scripts: bool = False  # swebench 5.x: eval scripts come from the rows, there is no spec table
+    _parsers: dict = field(default_factory=dict)
 
     # ----- tables -------------------------------------------------------------------------------------
     @property
     def specs_table(self) -> dict:
-        return self.constants.MAP_REPO_VERSION_TO_SPECS
+        return getattr(self.constants, "MAP_REPO_VERSION_TO_SPECS", self._registered)
 
     @property
     def parser_table(self) -> dict:
-        return self.log_parsers.MAP_REPO_TO_PARSER
+        """repo -> parser; under 5.x the union of its per-language tables (plus registered repos)."""
+        table = getattr(self.log_parsers, "MAP_REPO_TO_PARSER", None)
+        if table is not None:
+            return table
+        if not self._parsers:
+            for mod in self._package_modules():
+                for name, obj in vars(mod).items():
+                    if name.startswith("MAP_REPO_TO_PARSER_") and isinstance(obj, dict):
+                        self._parsers.update(obj)
+        return self._parsers
 
     def _package_modules(self) -> list[types.ModuleType]:
         prefix = f"{self.package}.harness"
@@ -80,6 +103,11 @@ class Harness:
             f"no log parser named {name!r} in {self.package}.harness.log_parsers", field="parsers"
         )
 
+    def parser_for_instance(self, instance: Mapping[str, Any]) -> Callable[..., Any] | None:
+        """The row's own ``log_parser`` (a parser function name, as 5.x rows carry), else by repo."""
+        name = instance.get("log_parser")
+        return self.find_parser(str(name)) if name else self.parser_for(str(instance.get("repo") or ""))
+
     def parser_for(self, repo: str) -> Callable[..., Any] | None:
         key = repo_key(self.parser_table, repo)
         return None if key is None else self.parser_table[key]
@@ -104,7 +132,7 @@ class Harness:
         """
         for repo, parser_name in parsers.items():
             fn = self.find_parser(parser_name)
-            for table in self._tables("MAP_REPO_TO_PARSER"):
+            for table in self._tables("MAP_REPO_TO_PARSER") or [self.parser_table]:
                 for key in {repo, repo.lower()}:
                     table[key] = fn
         for repo, versions in specs.items():
@@ -129,6 +157,17 @@ class Harness:
             if key not in instance:
                 raise HarnessError("instance lacks a required field", row=iid, field=key)
         repo, version = instance["repo"], str(instance["version"])
+        if self.row_scripts:
+            lacking = [k for k in ROW_SCRIPT_FIELDS if not instance.get(k)]
+            if lacking:
+                raise HarnessError(
+                    f"{self.package} {_version_of(self.package)} builds eval scripts only from rows that carry"
+                    f" {' and '.join(ROW_SCRIPT_FIELDS)}; this row has no {lacking[0]}",
+                    row=iid,
+                    field=lacking[0],
+                    hint="use swebench>=4,<5 or the swegym fork for SWE-Gym rows",
+                )
+            return repo, version
         specs = self.specs_for(repo)
         if specs is None:
             raise HarnessError(
@@ -157,6 +196,9 @@ class Harness:
         inst = dict(instance)
         inst.setdefault("hints_text", "")
         inst["version"] = version
+        if self.row_scripts:
+            inst.setdefault("image", "")
+            inst.setdefault("eval_type", "pass_and_fail")
         builder = self.test_spec_module.__dict__.get("make_eval_script_list")
         params = list(inspect.signature(builder).parameters) if builder else []
         try:
@@ -210,6 +252,8 @@ class Harness:
         return evaluator_command(self, instance, timeout_sec=timeout_sec, marker=marker)
 
     def _test_cmd(self, instance: Mapping[str, Any]) -> str:
+        if self.row_scripts:
+            return "(the command between the test output markers)"  # no spec table to name it
         cmd = self.specs_for(instance["repo"])[str(instance["version"])]["test_cmd"]
         return cmd[-1] if isinstance(cmd, list) else cmd
 
@@ -238,10 +282,14 @@ def instrument_exit_code(commands: list[str], start: str | None, end: str | None
     """
     out = list(commands)
     if start and end:
-        start_line, end_line = f": '{start}'", f": '{end}'"
-        if start_line in out and end_line in out[out.index(start_line) :]:
-            idx = out.index(end_line, out.index(start_line))
-            return out[:idx] + [TEST_EXIT_ECHO] + out[idx:]
+        for form in (": '{}'", "echo '{}'", 'echo "{}"'):
+            start_line, end_line = form.format(start), form.format(end)
+            if start_line in out and end_line in out[out.index(start_line) :]:
+                idx = out.index(end_line, out.index(start_line))
+                keep = re.fullmatch(r"(\w+)=\$\?", out[idx - 1])
+                if keep:  # swebench 5.x records the status itself: restore $? for our echo
+                    return out[:idx] + [f'(exit "${keep.group(1)}")', TEST_EXIT_ECHO] + out[idx:]
+                return out[:idx] + [TEST_EXIT_ECHO] + out[idx:]
     for i, cmd in enumerate(out):
         if cmd.startswith(test_cmd):
             return out[: i + 1] + [TEST_EXIT_ECHO] + out[i + 1 :]
@@ -251,10 +299,13 @@ def instrument_exit_code(commands: list[str], start: str | None, end: str | None
 def load_harness(package: str = "swebench") -> Harness:
     """Import ``<package>.harness`` (swebench 4.x or the swegym fork) and return its handles.
 
-    Raises HarnessError when the package is not installed or its layout is unsupported (swebench 5.x).
+    Raises HarnessError when the package is not installed or its layout is unsupported.
     """
     if _import(package) is None:
         raise HarnessError(f"harness package {package!r} is not installed", hint=SUPPORTED_PACKAGES_HINT)
+    five = _load_row_script_layout(package)
+    if five is not None:
+        return five
     try:
         ts_pkg = _import(f"{package}.harness.test_spec")
         ts_mod = (
@@ -293,4 +344,37 @@ def load_harness(package: str = "swebench") -> Harness:
         grading=grading,
         start_marker=getattr(constants, "START_TEST_OUTPUT", None),
         end_marker=getattr(constants, "END_TEST_OUTPUT", None),
+    )
+
+
+def _load_row_script_layout(package: str) -> Harness | None:
+    """The swebench 5.x layout (``harness/utils.make_test_spec``, ``types.TestSpec``, ``PARSER_REGISTRY``), or None."""
+    try:
+        if _import(f"{package}.harness.test_spec") is not None:
+            return None
+        utils = _import(f"{package}.harness.utils")
+        types_mod = _import(f"{package}.types")
+        constants = _import(f"{package}.harness.constants")
+        parsers = _import(f"{package}.harness.log_parsers")
+        grading = _import(f"{package}.harness.grading")
+    except ImportError as exc:
+        raise HarnessError(
+            f"harness package {package!r} failed to import: {exc}", hint=SUPPORTED_PACKAGES_HINT
+        ) from exc
+    if not (
+        hasattr(utils, "make_test_spec")
+        and hasattr(types_mod, "TestSpec")
+        and hasattr(parsers, "PARSER_REGISTRY")
+    ):
+        return None
+    return Harness(
+        package=package,
+        make_test_spec=utils.make_test_spec,
+        test_spec_module=types_mod,
+        constants=constants,
+        log_parsers=parsers,
+        grading=grading,
+        start_marker=getattr(constants, "START_TEST_OUTPUT", None),
+        end_marker=getattr(constants, "END_TEST_OUTPUT", None),
+        row_scripts=True,
     )

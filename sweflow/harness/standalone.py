@@ -145,14 +145,15 @@ def _package_version(package: str) -> str:
         return "unknown"
 
 
-def standalone_parser_source(harness: Harness, repo: str) -> str:
+def standalone_parser_source(harness: Harness, repo: str, parser: Any = None) -> str:
     """A self-contained Python 3 program grading one log for ``repo``; see the module docstring.
 
     Usage inside a sandbox: ``python3 prog.py --log LOG --tests TESTS.json --eval-returncode N
     [--marker M]``; TESTS.json holds FAIL_TO_PASS, PASS_TO_PASS (and instance_id, repo, version). It prints
     exactly one marker line. A repo without a parser yields a program reporting ``missing_parser``.
+    ``parser`` (a function of the package) overrides the repo's table entry.
     """
-    parser = harness.parser_for(repo)
+    parser = parser or harness.parser_for(repo)
     text = DRIVER_PATH.read_text(encoding="utf-8").rstrip() + "\n\n\n"
     header = f"# ---- log parser inlined from {harness.package} {_package_version(harness.package)} for {repo} ----\n"
     driver_names = set(vars(driver))
@@ -206,7 +207,9 @@ def evaluator_files(harness: Harness, instance: Mapping[str, Any]) -> dict[str, 
     """The three files the evaluator writes: eval script (instrumented), parser program, expected tests."""
     return {
         f"{WORKDIR}/eval.sh": harness.eval_script(instance, instrument=True),
-        f"{WORKDIR}/parser.py": standalone_parser_source(harness, instance["repo"]),
+        f"{WORKDIR}/parser.py": standalone_parser_source(
+            harness, instance["repo"], harness.parser_for_instance(instance)
+        ),
         f"{WORKDIR}/tests.json": json.dumps(expected_tests(instance), sort_keys=True, separators=(",", ":")),
     }
 

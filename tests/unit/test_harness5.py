@@ -1,0 +1,105 @@
+"""swebench 5.x as the harness package: eval scripts from rows that carry them, parsers from its tables.
+
+5.x and 4.x share the package name, so 5.x lives in ``.venv/harness5`` (``make setup``) and these tests run
+in a subprocess with that folder first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HARNESS5 = Path(sys.prefix) / "harness5"
+pytestmark = pytest.mark.skipif(
+    not (HARNESS5 / "swebench" / "harness" / "utils.py").exists(),
+    reason=f"swebench 5.x is not installed in {HARNESS5} (run `make setup`)",
+)
+
+PROBE = r"""
+import json, subprocess, sys, tempfile, pathlib
+import swebench
+from sweflow.errors import HarnessError
+from sweflow.harness import load_harness, unpack_command
+from sweflow.harness.grader import HostGrader, host_eval_script
+from sweflow.harness.standalone import WORKDIR
+from tests.fixtures.harness_swegym import swegym_rows
+
+h = load_harness("swebench")
+out = {"version": swebench.__version__, "row_scripts": h.row_scripts}
+T = "tests/test_io.py"
+script = "\n".join([
+    "#!/bin/bash", "set -uxo pipefail", "cd /tmp", "git status",
+    ": '>>>>> Start Test Output'", "(exit 3)", ": '>>>>> End Test Output'", "true",
+])
+row = {
+    "instance_id": "astropy__astropy-12907", "repo": "astropy/astropy", "version": "4.3",
+    "FAIL_TO_PASS": json.dumps([f"{T}::test_new"]), "PASS_TO_PASS": json.dumps([f"{T}::test_old"]),
+    "eval_script": script, "log_parser": "parse_log_pytest", "image": "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest",
+    "eval_type": "pass_and_fail", "base_commit": "d16bfe05", "test_patch": "",
+}
+out["same"] = h.eval_script(row) == h.make_test_spec(row).eval_script
+inst = h.eval_script(row, instrument=True)
+out["ran"] = subprocess.run(["bash", "-c", inst], capture_output=True, text=True).stdout
+host = host_eval_script(inst)
+out["host_rc"] = subprocess.run(["bash", "-c", host], capture_output=True, text=True).returncode
+out["repo_parser"] = h.parser_for("astropy/astropy").__name__
+files = unpack_command(h.evaluator_command(row))
+d = pathlib.Path(tempfile.mkdtemp())
+for p, text in files.items():
+    (d / p.rsplit("/", 1)[1]).write_text(text)
+log = (">>>>> Start Test Output\nPASSED %s::test_new\nSKIPPED [1] %s:3: no network\nSKIPPED %s::test_old\n"
+       ">>>>> End Test Output\nSWEFLOW_TEST_EXIT_CODE=0\n") % (T, T, T)
+(d / "eval.log").write_text(log)
+prog = subprocess.run([sys.executable, "-I", str(d / "parser.py"), "--log", str(d / "eval.log"), "--tests",
+                       str(d / "tests.json"), "--dump-statuses", str(d / "s.json")], capture_output=True, text=True)
+out["program"] = json.loads(prog.stdout.split("=", 1)[1]) if prog.stdout else prog.stderr
+out["statuses"] = json.loads((d / "s.json").read_text())
+meta = {**row, "FAIL_TO_PASS": [f"{T}::test_new"], "PASS_TO_PASS": [f"{T}::test_old"]}  # lists, as metadata has
+out["host_resolved"] = HostGrader(h).grade(log, meta, 0).resolved
+try:
+    h.eval_script(swegym_rows()[9])
+except HarnessError as exc:
+    out["gym_error"] = str(exc)
+print("RESULT=" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HARNESS5), str(Path.cwd())])}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env, cwd=Path.cwd()
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.rsplit("RESULT=", 1)[1])
+
+
+def test_5x_layout_is_detected_and_builds_the_rows_own_script(probe):
+    assert probe["version"].startswith("5.") and probe["row_scripts"] is True
+    assert probe["same"], "the package's make_test_spec(row).eval_script, byte for byte"
+
+
+def test_5x_instrumentation_keeps_both_exit_code_records(probe):
+    assert "SWEFLOW_TEST_EXIT_CODE=3" in probe["ran"] and ">>>>> Test Exit Code: 3" in probe["ran"]
+    assert probe["host_rc"] == 3, "the host script exits with the test command's own status"
+
+
+def test_5x_parsers_by_name_and_by_repo_run_in_the_sandbox_program(probe):
+    assert probe["repo_parser"] == "parse_log_pytest_v2"  # astropy, from MAP_REPO_TO_PARSER_PY
+    # 5.x's parser drops pytest's "SKIPPED [1] path:line" summary; a skipped P2P test is not a regression
+    assert probe["statuses"] == {
+        "tests/test_io.py::test_new": "PASSED",
+        "tests/test_io.py::test_old": "SKIPPED",
+    }
+    assert probe["program"]["resolved"] is True and probe["host_resolved"] is True
+
+
+def test_a_swegym_row_without_eval_script_is_one_clear_line(probe):
+    msg = probe["gym_error"]
+    assert "Project-MONAI__MONAI-5710" in msg and "eval_script" in msg and "\n" not in msg
+    assert "builds eval scripts only from rows that carry eval_script and log_parser" in msg
