@@ -1,5 +1,9 @@
 # Validation stage: in fresh sandboxes the gold patch must resolve and the empty patch must not (each
 # `validation.repeats` times, to catch flaky tests); broken tasks are reported and left out of training.
+# An infrastructure failure (dead sandbox, provider fault) is retried `validation.error_attempts` times;
+# still failing, the task's verdict is `error`: reported under `errors`, left out of tasks.valid.jsonl,
+# and validated again by the next run (the summary touches its task input). The evidence file next to
+# each verdict holds every evaluation's whole log and status map (gzip JSON lines).
 
 
 # The gold patch comes from the split parquet (never from the JSONL); each task gets its own byte-stable
@@ -26,6 +30,7 @@ rule validate_task:
         task="results/{dataset}/{split}/validation-tasks/{instance_id}.json",
     output:
         result="results/{dataset}/{split}/validation/{instance_id}.json",
+        evidence="results/{dataset}/{split}/validation/{instance_id}.evidence.jsonl.gz",
     log:
         "logs/{dataset}/validate_task/{split}/{instance_id}.log",
     wildcard_constraints:
@@ -45,6 +50,8 @@ rule validation_summary:
     input:
         jsonl="results/{dataset}/{split}.jsonl",
         results=validation_results,
+    params:
+        tasks="results/{dataset}/{split}/validation-tasks",
     output:
         summary="results/{dataset}/{split}/validation-summary.json",
         valid="results/{dataset}/{split}/tasks.valid.jsonl",

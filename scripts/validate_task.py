@@ -12,4 +12,8 @@ with from_snakemake(smk, f"{smk.scriptdir}/validate_task.py"):
         provider=provider_from_config(p.provider, p.sandbox),
         repeats=p.validation["repeats"],
         parallel=smk.threads,
+        evidence_out=smk.output.evidence,
+        network_cfg=p.sandbox.get("network"),
+        error_attempts=p.validation.get("error_attempts", 3),
+        error_backoff=p.validation.get("error_backoff_sec", 5),
     )

@@ -7,7 +7,19 @@ resolve, the empty patch must not, each ``repeats`` times so flaky tests show up
 - ``gold_fails``: gold never resolved (or is not a gradable patch: it edits tests, or is empty);
 - ``empty_passes``: the unchanged repository already resolves every time;
 - ``flaky``: gold or empty got different outcomes across repeats;
-- ``error``: a provider fault or the deadline stopped a run, so nothing can be concluded.
+- ``error``: the infrastructure failed (a provider fault, a dead or killed sandbox, the provider's
+  deadline, an eval script that never reached the tests; see ``sweflow.evaluate``) on every one of
+  ``error_attempts`` tries of some run, so nothing can be concluded about the task.
+
+An infrastructure failure is retried (``validation.error_attempts``, exponential backoff from
+``validation.error_backoff_sec``); it is never a verdict about the task. An ``error`` task is reported
+under ``errors`` in the summary (not under ``broken``), kept out of ``tasks.valid.jsonl``, and is not
+final: ``summarize`` makes its task input newer than its result, so the next run validates it again.
+The test command timing out inside a live sandbox (``eval_timeout``) is a run outcome like any failing
+test: gold timing out every time is ``gold_fails``, sometimes ``flaky``.
+
+Every evaluation (retries included) leaves its evidence: the whole host-side log and the parsed status
+map, gzip-compressed JSON lines next to the verdict (``sweflow.evaluate.write_evidence``).
 
 Stage files: ``write_task_inputs`` (checkpoint: one byte-stable file per task = the JSONL row's metadata
 plus the gold patch from the split parquet), ``validate_task_file`` (one task), ``summarize`` (report +
@@ -28,11 +40,13 @@ from typing import Any
 
 from .errors import DatasetError
 from .evaluate import (
-    FRESH_EVAL_EXCEPTION,
-    FRESH_EVAL_TIMEOUT,
+    INFRA_REASONS,
     EvalResult,
     check_patch,
+    eval_network,
     evaluate_patch,
+    evidence_record,
+    write_evidence,
 )
 from .sandbox.base import Provider
 from .util import atomic_write, atomic_write_json, read_json, stable_json, write_if_changed
@@ -40,7 +54,8 @@ from .util import atomic_write, atomic_write_json, read_json, stable_json, write
 log = logging.getLogger("sweflow.validation")
 
 VERDICTS = ("valid", "gold_fails", "empty_passes", "flaky", "error")
-INFRA_REASONS = (FRESH_EVAL_EXCEPTION, FRESH_EVAL_TIMEOUT)
+ERROR_ATTEMPTS = 3
+ERROR_BACKOFF_S = 5.0
 _MARKER_KEYS = (
     "fail_to_pass_success",
     "fail_to_pass_total",
@@ -120,12 +135,15 @@ def listed_ids(listing: str | os.PathLike) -> list[str]:
 
 
 # ----- one task -----------------------------------------------------------------------------------------
-def run_record(kind: str, index: int, res: EvalResult) -> dict[str, Any]:
-    """The per-run entry of a task's validation file (marker counts, not the log tail)."""
+def run_record(kind: str, index: int, res: EvalResult, infra_errors: list | None = None) -> dict[str, Any]:
+    """The per-run entry of a task's validation file (marker counts, not the log tail); ``infra_errors``
+    are the failed tries before this outcome ("reason: error" each)."""
     marker = res.marker or {}
     return {
         "patch": kind,
         "run": index,
+        "attempts": len(infra_errors or []) + 1,
+        "infra_errors": list(infra_errors or []),
         "resolved": res.resolved,
         "reward": res.reward,
         "failure_reason": res.failure_reason,
@@ -145,7 +163,9 @@ def decide(
     infra = [r for r in gold + empty if r["failure_reason"] in INFRA_REASONS]
     if infra:
         r = infra[0]
-        return "error", f"{r['failure_reason']} ({r['patch']} run {r['run']}): {r.get('error') or ''}".strip()
+        tries = r.get("attempts", 1)
+        where = f"{r['patch']} run {r['run']}" + (f", {tries} tries" if tries > 1 else "")
+        return "error", f"{r['failure_reason']} ({where}): {r.get('error') or ''}".strip()
     g = sum(r["resolved"] for r in gold)
     e = sum(r["resolved"] for r in empty)
     if 0 < g < len(gold):
@@ -173,10 +193,17 @@ def validate_task(
     repeats: int = 2,
     parallel: int = 1,
     sandbox_timeout: float = 3600,
+    error_attempts: int = ERROR_ATTEMPTS,
+    error_backoff: float = ERROR_BACKOFF_S,
+    network: str | None = None,
+    evidence: list[dict[str, Any]] | None = None,
     evaluate: Callable[..., EvalResult] = evaluate_patch,
 ) -> dict[str, Any]:
     """Validate one task: gold and empty patch, ``repeats`` fresh evaluations each, ``parallel`` at once.
 
+    A run whose evaluation failed for infrastructure reasons is tried again, up to ``error_attempts``
+    tries, waiting ``error_backoff`` * 2**k seconds before try k+2. ``network`` goes to every fresh
+    sandbox. Each evaluation's evidence record (log + status map) is appended to ``evidence``.
     Returns the task's validation record (byte-stable except for ``timings``/``runs[*].timings``).
     A gold patch that touches tests or is empty is ``gold_fails`` without running anything.
     """
@@ -186,21 +213,37 @@ def validate_task(
     pre_reason, test_files = check_patch(gold_patch)
     jobs = [] if pre_reason else [(k, i) for i in range(repeats) for k in ("gold", "empty")]
 
+    extra: dict[str, Any] = {"trusted_patch": True}
+    if network is not None:
+        extra["network"] = network
+    found: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
     def one(job: tuple[str, int]) -> dict[str, Any]:
         kind, i = job
         patch = gold_patch if kind == "gold" else ""
-        res = evaluate(
-            provider,
-            template,
-            dict(metadata),
-            patch,
-            sandbox_timeout=sandbox_timeout,
-        )
+        failed: list[str] = []
+        for attempt in range(1, max(1, error_attempts) + 1):
+            res = evaluate(
+                provider, template, dict(metadata), patch, sandbox_timeout=sandbox_timeout, **extra
+            )
+            found.setdefault(job, []).append(evidence_record(res, patch=kind, run=i, attempt=attempt))
+            if res.failure_reason not in INFRA_REASONS:
+                break
+            failed.append(f"{res.failure_reason}: {res.error or ''}".strip())
+            log.warning(
+                "%s %s run %d try %d/%d: infrastructure failure %s (%s)",
+                iid, kind, i, attempt, error_attempts, res.failure_reason, res.error,
+            )  # fmt: skip
+            if attempt < error_attempts:
+                time.sleep(error_backoff * 2 ** (attempt - 1))
         log.info("%s %s run %d: resolved=%s reason=%s", iid, kind, i, res.resolved, res.failure_reason)
-        return run_record(kind, i, res)
+        return run_record(kind, i, res, failed[: attempt - 1])
 
     with cf.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         runs = list(pool.map(one, jobs))
+    if evidence is not None:
+        for job in jobs:
+            evidence.extend(found.get(job, []))
     gold = [r for r in runs if r["patch"] == "gold"]
     empty = [r for r in runs if r["patch"] == "empty"]
     verdict, reason = decide(gold, empty, pre_reason)
@@ -227,7 +270,8 @@ def validate_task(
 
 
 def provider_from_config(name: str, sandbox_cfg: Mapping[str, Any] | None = None) -> Provider:
-    """The provider for fresh evaluations: no blackbox server and no network (grading needs neither)."""
+    """The provider for fresh evaluations: no blackbox server (grading needs none); offline unless a
+    create call asks for ``network="internet"`` (``sweflow.evaluate.eval_network``)."""
     from .stages_sandbox import provider_from_config as configured
 
     return configured(name, dict(sandbox_cfg or {}), purpose="eval")
@@ -240,10 +284,18 @@ def validate_task_file(
     provider: Provider,
     repeats: int = 2,
     parallel: int = 1,
+    evidence_out: str | os.PathLike | None = None,
+    network_cfg: Mapping[str, Any] | None = None,
+    error_attempts: int = ERROR_ATTEMPTS,
+    error_backoff: float = ERROR_BACKOFF_S,
+    evaluate: Callable[..., EvalResult] = evaluate_patch,
 ) -> dict[str, Any]:
-    """Validate the task in ``task_file`` (written by write_task_inputs) and write its record atomically."""
+    """Validate the task in ``task_file`` (written by write_task_inputs) and write its record atomically;
+    ``evidence_out`` gets every evaluation's log and status map (``write_evidence``). ``network_cfg`` is
+    the ``sandbox.network`` config section."""
     task = read_json(task_file)
     meta = task["metadata"]
+    evidence: list[dict[str, Any]] = []
     rec = validate_task(
         provider,
         meta,
@@ -251,9 +303,26 @@ def validate_task_file(
         repeats=repeats,
         parallel=parallel,
         sandbox_timeout=float(meta.get("sandbox_timeout_sec") or 3600),
+        error_attempts=error_attempts,
+        error_backoff=error_backoff,
+        network=eval_network(network_cfg, str(meta.get("repo") or "")),
+        evidence=evidence,
+        evaluate=evaluate,
     )
+    if evidence_out is not None:
+        write_evidence(evidence_out, evidence)
     atomic_write_json(out, rec)
-    log.info("%s: %s%s", rec["instance_id"], rec["verdict"], f" ({rec['reason']})" if rec["reason"] else "")
+    if rec["verdict"] == "error":
+        log.error(
+            "%s: could not be validated, an infrastructure failure (%s); not a verdict about the task: it "
+            "is left out of tasks.valid.jsonl and the next run validates it again",
+            rec["instance_id"],
+            rec["reason"],
+        )
+    else:
+        log.info(
+            "%s: %s%s", rec["instance_id"], rec["verdict"], f" ({rec['reason']})" if rec["reason"] else ""
+        )
     return rec
 
 
@@ -266,11 +335,14 @@ def summarize(
     *,
     dataset: str = "",
     split: str = "",
+    task_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Write the summary report and ``tasks.valid.jsonl`` (the JSONL's own lines, in order, valid ones only).
 
-    Every JSONL task appears in the summary: valid, or under ``broken`` with verdict and reason; a task
-    with no result file is broken with verdict ``error`` (reason ``no validation result``).
+    Every JSONL task appears in the summary: valid, under ``broken`` (a verdict about the task) or under
+    ``errors`` (verdict ``error``: the infrastructure failed, nothing is known about the task; a task with
+    no result file is one too, reason ``no validation result``). With ``task_dir`` (the per-task inputs)
+    each error task's input file is touched, so its result is out of date and the next run retries it.
     """
     by_id: dict[str, dict[str, Any]] = {}
     for path in results:
@@ -278,7 +350,7 @@ def summarize(
         by_id[rec["instance_id"]] = rec
     rows = read_jsonl_rows(jsonl)
     verdicts: Counter[str] = Counter()
-    broken, kept = [], []
+    broken, errors, kept = [], [], []
     for iid, line in rows:
         rec = by_id.get(iid)
         verdict = rec["verdict"] if rec else "error"
@@ -286,6 +358,8 @@ def summarize(
         verdicts[verdict] += 1
         if verdict == "valid":
             kept.append(line)
+        elif verdict == "error":
+            errors.append({"instance_id": iid, "verdict": verdict, "reason": reason})
         else:
             broken.append({"instance_id": iid, "verdict": verdict, "reason": reason})
     summary = {
@@ -295,10 +369,28 @@ def summarize(
         "valid": len(kept),
         "verdicts": {v: verdicts.get(v, 0) for v in VERDICTS},
         "broken": broken,
+        "errors": errors,
     }
     atomic_write(valid_out, "".join(kept))
     atomic_write_json(summary_out, summary)
     log.info(
-        "validation: %d/%d tasks valid; broken: %s", len(kept), len(rows), [b["instance_id"] for b in broken]
+        "validation: %d/%d tasks valid; %d broken (left out): %s",
+        len(kept),
+        len(rows),
+        len(broken),
+        [f"{b['instance_id']} ({b['verdict']})" for b in broken],
     )
+    if errors:
+        log.error(
+            "validation: %d tasks could NOT be validated (infrastructure failures, not verdicts about the "
+            "tasks; left out of tasks.valid.jsonl this time, the next run retries them): %s",
+            len(errors),
+            "; ".join(f"{e['instance_id']}: {e['reason']}" for e in errors),
+        )
+        if task_dir is not None:
+            now = time.time()
+            for e in errors:
+                task = Path(task_dir) / f"{e['instance_id']}.json"
+                if task.exists():
+                    os.utime(task, (now, now))
     return summary

@@ -82,10 +82,26 @@ def _call(fn: Callable[[], T], timeout: float, what: str, template: str = "", si
     return box["v"]
 
 
+def docker_network_mode(network: str | None, internet: str, *, server: bool, egress: str | None) -> str:
+    """The ``docker run --network`` of a sandbox: "none", or ``internet`` for a fresh evaluation that asks."""
+    if network in (None, "none"):
+        return "none"
+    if network != "internet":
+        raise SandboxError(f"unknown network {network!r}", field="network")
+    if server or egress:
+        raise SandboxError(
+            "network internet is for fresh evaluations only, not for a sandbox with a server or an egress",
+            field="network",
+        )
+    return internet
+
+
 class DockerProvider:
     """Options: cpu (cores, default 2), memory_mb (4096), pids_limit (1024), cap_add (capabilities given
-    back after dropping all; default none), start_server, build_cache, client. Containers always get
-    network "none"; the host reaches the server through port_url, the sandbox the proxy through egress."""
+    back after dropping all; default none), start_server, build_cache, client, internet_network (the Docker
+    network of a create(network="internet"), default "bridge"). Containers get network "none" unless a
+    fresh evaluation asks for internet; the host reaches the server through port_url, the sandbox the
+    proxy through egress."""
 
     name = "docker"
 
@@ -99,9 +115,11 @@ class DockerProvider:
         start_server: bool = True,
         build_cache: bool = True,
         client: Any = None,
+        internet_network: str = "bridge",
     ) -> None:
         import docker
 
+        self.internet_network = internet_network
         self.cpu, self.memory_mb, self.pids_limit = cpu, memory_mb, pids_limit
         self.cap_add = [str(c).upper() for c in cap_add]
         self.start_server = start_server
@@ -227,9 +245,11 @@ class DockerProvider:
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
         egress: str | None = None,
+        network: str | None = None,
     ) -> DockerSandbox:
         """Start a container from the template image (a keep-alive with the forwarders), then its server
-        (the image CMD) in its own exec."""
+        (the image CMD) in its own exec. ``network`` "internet" joins ``internet_network`` (fresh
+        evaluations only: refused with a server or an egress); None or "none": network "none"."""
         import docker
 
         labels = {LABEL: "1", "sweflow.template": template}
@@ -243,6 +263,7 @@ class DockerProvider:
                 ) from exc
             raise
         server = _server_cmd(img.attrs.get("Config", {}).get("Cmd")) if self.start_server else ""
+        network_mode = docker_network_mode(network, self.internet_network, server=bool(server), egress=egress)
         folder = Path(tempfile.mkdtemp(prefix="sweflow-docker-"))
         routes = None
         try:
@@ -267,7 +288,7 @@ class DockerProvider:
                 kw["cap_add"] = list(self.cap_add)
             container = _call(
                 lambda: self.client.containers.run(
-                    image=template, command=["/bin/bash", "-c", keep], detach=True, network_mode="none",
+                    image=template, command=["/bin/bash", "-c", keep], detach=True, network_mode=network_mode,
                     environment=dict(env or {}), labels=labels, auto_remove=False, init=True,
                     working_dir="/testbed", cap_drop=["ALL"], security_opt=["no-new-privileges"],
                     volumes={str(folder): {"bind": SOCKET_DIR, "mode": "rw"}}, **kw,

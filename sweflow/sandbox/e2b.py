@@ -201,13 +201,19 @@ class E2BProvider:
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
         egress: str | None = None,
+        network: str | None = None,
     ) -> E2BSandbox:
         """Start a sandbox from `template`; `timeout` (s) is its lifetime. `env` reaches every command.
+        `network` (fresh evaluations): "none" - allow_internet_access=False, "internet" - True; None - the
+        SDK's default (agent sandboxes, which reach the proxy by its public URL).
 
         `egress` is ignored: an E2B sandbox reaches the proxy by its public URL (egress_url is None). The
         blackbox token is written to /run/sweflow/blackbox.token right after the start."""
         key = uuid.uuid4().hex  # one key for all tries: a lost answer does not leave a twin sandbox
         lifetime = max(1, int(timeout + 0.999))
+        if network not in (None, "none", "internet"):
+            raise SandboxError(f"unknown network {network!r}", file=template, field="network")
+        net = {} if network is None else {"allow_internet_access": network == "internet"}
 
         def create_once() -> SdkSandbox:
             return SdkSandbox.create(
@@ -216,6 +222,7 @@ class E2BProvider:
                 envs=dict(env or {}),
                 metadata=dict(metadata or {}),
                 idempotency_key=key,
+                **net,
                 **self.api_params(),
             )
 

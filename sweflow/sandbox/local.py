@@ -21,7 +21,8 @@ the in-sandbox forwarders (`sweflow.blackbox.forward`) and then execs the server
 server through `<sandbox>/run/blackbox.sock` (a host forwarder on a free 127.0.0.1 port is
 `port_url(31000)`); sandbox processes reach the egress at `egress_url` (loopback) which the forwarder
 pipes to `<sandbox>/run/egress.sock`, served by a host forwarder connected to the egress host:port
-(`sweflow.sandbox.egress`). Without server and egress each command gets a fresh empty network namespace.
+(`sweflow.sandbox.egress`). Without server and egress each command gets a fresh empty network namespace,
+or, for a fresh evaluation created with network="internet" (never with a server or an egress), the host's.
 The blackbox token is in the server's environment only.
 """
 
@@ -331,8 +332,12 @@ class LocalProvider:
         env: dict[str, str] | None = None,
         metadata: dict[str, str] | None = None,
         egress: str | None = None,
+        network: str | None = None,
     ) -> LocalSandbox:
-        """Copy the template's workspace into a fresh sandbox and (by default) start its server."""
+        """Copy the template's workspace into a fresh sandbox and (by default) start its server.
+
+        ``network`` "internet" shares the host's network namespace (fresh evaluations only: refused with a
+        server or an egress); None or "none": loopback only."""
         tdir = self.template_dir(template)
         if not (tdir / "template.json").exists():
             raise SandboxError(
@@ -341,9 +346,17 @@ class LocalProvider:
         self._prepare_root()
         meta = read_json(tdir / "template.json")
         server = meta.get("start_cmd", "") if self.start_server else ""
+        if network not in (None, "none", "internet"):
+            raise SandboxError(f"unknown network {network!r}", file=template, field="network")
+        if network == "internet" and (server or egress):
+            raise SandboxError(
+                "network internet is for fresh evaluations only, not for a sandbox with a server or an egress",
+                file=template,
+                field="network",
+            )
         sb = LocalSandbox(
             self, template, meta, timeout=timeout, env=env or {}, metadata=metadata or {}, egress=egress,
-            server=server,
+            server=server, network=network or "none",
         )  # fmt: skip
         return sb
 
@@ -381,10 +394,12 @@ class LocalSandbox(SandboxBase):
         metadata: dict[str, str],
         egress: str | None = None,
         server: str = "",
+        network: str = "none",
     ) -> None:
         sid = f"local-{uuid.uuid4().hex[:12]}"
         super().__init__(sid, template)
         self.metadata = dict(metadata)
+        self.network = network
         self.meta = meta
         self.uid = provider.uid
         self.blackbox_token = secrets.token_urlsafe(32)
@@ -482,7 +497,8 @@ class LocalSandbox(SandboxBase):
                 f'exec {fd}>&-; exec "$@"',
                 "sh",
             ]
-        args = prefix + _bwrap(self.uid, own_net=not join) + [
+        own_net = not join and self.network != "internet"
+        args = prefix + _bwrap(self.uid, own_net=own_net) + [
             "--bind", str(self.dir / "tmp"), "/tmp",
             "--bind", str(self.dir / "home"), "/root",
             "--bind", str(self.dir / "run"), SOCKET_DIR,

@@ -76,8 +76,9 @@ class ScriptedEval:
         self.calls: list[tuple[str, str, float]] = []
         self.schedule = schedule
 
-    def __call__(self, provider, template, metadata, patch, *, sandbox_timeout):
+    def __call__(self, provider, template, metadata, patch, *, sandbox_timeout, **kw):
         self.calls.append((template, patch, sandbox_timeout))
+        self.kw = kw
         kind = "gold" if patch else "empty"
         resolved = bool(patch) if self.schedule is None else self.schedule[kind].pop(0)
         timings = {"create_s": 0.1, "setup_s": 0.1, "eval_s": 1.0, "kill_s": 0.1, "total_s": 1.3}
@@ -195,6 +196,114 @@ def test_summary_keeps_valid_lines_and_reports_every_broken_task(tmp_path, split
         {"instance_id": ids[1], "verdict": "gold_fails", "reason": "why-gold_fails"},
         {"instance_id": ids[3], "verdict": "flaky", "reason": "why-flaky"},
         {"instance_id": ids[4], "verdict": "empty_passes", "reason": "why-empty_passes"},
-        {"instance_id": ids[5], "verdict": "error", "reason": "no validation result"},
     ]
+    assert s["errors"] == [{"instance_id": ids[5], "verdict": "error", "reason": "no validation result"}]
     assert read_json(tmp_path / "summary.json") == s
+
+
+# ----- infrastructure failures: retried, then an error verdict that is not final -----------------------------
+class FlakyInfraEval:
+    """Stands in for evaluate_patch: the first `fail` calls die of an infrastructure failure."""
+
+    def __init__(self, fail: int):
+        self.fail, self.calls = fail, 0
+        self.kw: list[dict] = []
+
+    def __call__(self, provider, template, metadata, patch, *, sandbox_timeout, **kw):
+        self.calls += 1
+        self.kw.append(kw)
+        if self.calls <= self.fail:
+            return EvalResult(
+                0.0, False, "sandbox_lost", None, "", {}, "the sandbox died", log="+ cd /testbed\n"
+            )
+        resolved = bool(patch)
+        return EvalResult(
+            float(resolved), resolved, None if resolved else "fail_to_pass_failure", {}, "", {}, None,
+            statuses={"t::a": "PASSED" if resolved else "FAILED"}, exit_code=0 if resolved else 1, log="LOG",
+        )  # fmt: skip
+
+
+def test_an_infrastructure_failure_is_retried_and_then_the_task_is_valid(caplog):
+    ev, evidence = FlakyInfraEval(fail=2), []
+    rec = validate_task(
+        P(), META, GOOD, repeats=1, error_attempts=3, error_backoff=0, evaluate=ev, evidence=evidence
+    )
+    assert rec["verdict"] == "valid" and ev.calls == 4
+    gold = next(r for r in rec["runs"] if r["patch"] == "gold")
+    assert gold["attempts"] == 3 and gold["infra_errors"] == ["sandbox_lost: the sandbox died"] * 2
+    assert all(k == {"trusted_patch": True} for k in ev.kw), "gold and empty are trusted; no network asked"
+    assert [(e["patch"], e["attempt"], e["failure_reason"]) for e in evidence] == [
+        ("gold", 1, "sandbox_lost"), ("gold", 2, "sandbox_lost"), ("gold", 3, None), ("empty", 1, "fail_to_pass_failure")
+    ]  # fmt: skip
+
+
+def test_infrastructure_failing_every_try_is_an_error_verdict_not_gold_fails():
+    ev = FlakyInfraEval(fail=100)
+    rec = validate_task(P(), META, GOOD, repeats=2, error_attempts=2, error_backoff=0, evaluate=ev)
+    assert rec["verdict"] == "error" and ev.calls == 8
+    assert rec["reason"] == "sandbox_lost (gold run 0, 2 tries): the sandbox died"
+
+
+def test_an_error_task_is_reported_apart_and_its_input_made_newer_so_a_rerun_retries_it(
+    tmp_path, split_files, caplog
+):
+    from sweflow.validation import validate_task_file
+
+    _, jsonl, rows = split_files
+    ids = [r["instance_id"] for r in rows][:2]
+    jsonl.write_text("".join(jsonl.read_text().splitlines(keepends=True)[:2]))
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    results = []
+    for iid, fail in zip(ids, (0, 100), strict=True):
+        task = tasks / f"{iid}.json"
+        task.write_text(
+            json.dumps(
+                {
+                    "instance_id": iid,
+                    "metadata": {**META, "instance_id": iid, "repo": "o/r"},
+                    "gold_patch": GOOD,
+                }
+            )
+        )
+        os.utime(task, (1000, 1000))
+        out = tmp_path / "validation" / f"{iid}.json"
+        rec = validate_task_file(
+            task, out, provider=P(), repeats=1, evidence_out=tmp_path / "validation" / f"{iid}.evidence.jsonl.gz",
+            error_attempts=2, error_backoff=0, evaluate=FlakyInfraEval(fail),
+            network_cfg={"eval": "none", "eval_repos": {"O/R": "internet"}},
+        )  # fmt: skip
+        assert rec["verdict"] == ("valid" if fail == 0 else "error")
+        results.append(out)
+    assert "could not be validated, an infrastructure failure" in caplog.text
+    caplog.clear()
+    s = summarize(jsonl, results, tmp_path / "s.json", tmp_path / "valid.jsonl", task_dir=tasks)
+    assert s["verdicts"]["error"] == 1 and s["broken"] == []
+    assert [e["instance_id"] for e in s["errors"]] == [ids[1]] and "sandbox_lost" in s["errors"][0]["reason"]
+    assert (tmp_path / "valid.jsonl").read_text().count("\n") == 1, "only the valid task"
+    assert "could NOT be validated" in caplog.text and ids[1] in caplog.text
+    assert (tasks / f"{ids[0]}.json").stat().st_mtime == 1000, "a final verdict stays final"
+    retried = (tasks / f"{ids[1]}.json").stat().st_mtime
+    assert retried > 1000 and retried >= results[1].stat().st_mtime, "the error result is now out of date"
+
+
+def test_the_evidence_file_holds_every_evaluation_and_the_network_reaches_evaluate(tmp_path):
+    from sweflow.evaluate import read_evidence
+    from sweflow.validation import validate_task_file
+
+    task = tmp_path / "t.json"
+    task.write_text(
+        json.dumps(
+            {"instance_id": "o__r-1", "metadata": {**META, "repo": "pydicom/pydicom"}, "gold_patch": GOOD}
+        )
+    )
+    ev = FlakyInfraEval(fail=1)
+    ev_out = tmp_path / "t.evidence.jsonl.gz"
+    validate_task_file(task, tmp_path / "r.json", provider=P(), repeats=1, evidence_out=ev_out, error_backoff=0,
+                       evaluate=ev, network_cfg={"eval_repos": {"pydicom/pydicom": "internet"}})  # fmt: skip
+    assert {k["network"] for k in ev.kw} == {"internet"}
+    recs = read_evidence(ev_out)
+    assert [(r["patch"], r["attempt"], r["log"]) for r in recs] == [
+        ("gold", 1, "+ cd /testbed\n"), ("gold", 2, "LOG"), ("empty", 1, "LOG")
+    ]  # fmt: skip
+    assert recs[2]["statuses"] == {"t::a": "FAILED"} and recs[2]["exit_code"] == 1
