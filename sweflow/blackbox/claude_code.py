@@ -5,10 +5,20 @@ directory with a scratch HOME under the runtime directory, routes the model traf
 router URL with the registered router token (the proxy's per-session secret) as bearer, and parses the stream-json lines into outputs. Later turns
 resume the same Claude conversation (`--resume <uuid>`; the uuid is fixed on the first turn with
 `--session-id`). Standard library only.
+
+How each backend option reaches the CLI (checked against Claude Code 2.1.332):
+- setting_sources -> `--setting-sources user,...`; system_prompt + system_prompt_mode ->
+  `--append-system-prompt` (append: after Claude Code's own prompt) or `--system-prompt` (replace);
+- auto_compact -> `autoCompactEnabled` in ~/.claude/settings.json and ~/.claude.json; false also sets
+  DISABLE_AUTO_COMPACT=1 and DISABLE_COMPACT=1 (no automatic, reactive or /compact summaries);
+- prompt_caching=false -> DISABLE_PROMPT_CACHING=1 (no `cache_control` in requests);
+- disable_nonessential_traffic -> CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 (+ telemetry, error reports);
+- subagents=false -> `--disallowedTools` with the sub-agent tools (`Agent`, its old name `Task`, `Workflow`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -23,28 +33,74 @@ from .procs import GroupProcess, TailBuffer
 from .stream import TurnOutcome, event_outputs, parse_line
 
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "manual", "plan")
+SETTING_SOURCES = ("user", "project", "local")
+SYSTEM_PROMPT_MODES = ("append", "replace")
+# The tools through which the model starts other agents (`Task` is the name before 2.x).
+SUBAGENT_TOOLS = ("Agent", "Task", "Workflow")
 DEFAULT_MAX_TURNS = 80
 DEFAULT_PERMISSION_MODE = "acceptEdits"
 DEFAULT_TEMPLATE_BINARY = "/usr/local/bin/claude"
 BINARY_ENV = "SWEFLOW_CLAUDE_BIN"
 MAX_EVENT_LINE_CHARS = 2_000_000
-# Inherited variables the agent must never see: credentials, and markers of an enclosing Claude Code.
+# Inherited variables the agent must never see: credentials, markers of an enclosing Claude Code, and
+# switches that backend options decide.
 _SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
-_DROP_PREFIXES = ("ANTHROPIC_", "CLAUDE_CODE_", "CLAUDECODE", "CLAUDE_CONFIG_DIR")
+_DROP_PREFIXES = (
+    "ANTHROPIC_",
+    "CLAUDE_CODE_",
+    "CLAUDECODE",
+    "CLAUDE_CONFIG_DIR",
+    "DISABLE_PROMPT_CACHING",
+    "ENABLE_PROMPT_CACHING",
+    "DISABLE_AUTO_COMPACT",
+    "DISABLE_COMPACT",
+    "DISABLE_TELEMETRY",
+    "DISABLE_ERROR_REPORTING",
+)
 _BLACKBOX_SECRET_PREFIX = "SWEFLOW_BLACKBOX_TOKEN"  # the server's own token: never for the agent
 
-# Option name -> accepted aliases (converters spell a few of these differently).
+# Older spellings (published rows use them) -> the option they set.
 _ALIASES = {
-    "system_prompt_append": ("append_system_prompt",),
-    "turn_timeout": ("timeout",),
-    "binary": ("claude_binary", "claude_path"),
-    "disable_compaction": ("disable_auto_compact",),
+    "append_system_prompt": "system_prompt_append",
+    "timeout": "turn_timeout",
+    "claude_binary": "binary",
+    "claude_path": "binary",
 }
-_FLAG_KEYS = ("enable_prompt_caching", "enable_compaction", "enable_subagents", "nonessential_traffic")
+# Older switch spellings -> (option, whether the value is inverted).
+_SWITCH_ALIASES = {
+    "disable_prompt_caching": ("prompt_caching", True),
+    "enable_prompt_caching": ("prompt_caching", False),
+    "disable_compaction": ("auto_compact", True),
+    "disable_auto_compact": ("auto_compact", True),
+    "enable_compaction": ("auto_compact", False),
+    "disable_subagents": ("subagents", True),
+    "enable_subagents": ("subagents", False),
+    "nonessential_traffic": ("disable_nonessential_traffic", True),
+}
+_SWITCHES = ("auto_compact", "prompt_caching", "disable_nonessential_traffic", "subagents")
+OPTION_NAMES = (
+    "working_directory",
+    "max_turns",
+    "permission_mode",
+    "setting_sources",
+    "system_prompt",
+    "system_prompt_mode",
+    "system_prompt_append",
+    *_SWITCHES,
+    "allowed_tools",
+    "disallowed_tools",
+    "model",
+    "env",
+    "turn_timeout",
+    "binary",
+    "max_retries",
+    "api_timeout_ms",
+    "extra_args",
+)
 
 
 class OptionError(ValueError):
-    """A backend option has the wrong type or value; the message names the option."""
+    """A backend option has the wrong type or value, or is unknown; the message names the option."""
 
 
 def _as_list(name: str, value: Any) -> list[str]:
@@ -63,45 +119,81 @@ def _as_bool(name: str, value: Any) -> bool:
     raise OptionError(f"backend_options.{name}: expected true or false")
 
 
+def _unknown(keys: list[str]) -> OptionError:
+    known = list(OPTION_NAMES) + list(_ALIASES) + list(_SWITCH_ALIASES)
+    parts = []
+    for key in keys:
+        near = difflib.get_close_matches(key, known, n=1)
+        parts.append(f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return OptionError(f"backend_options: unknown option {', '.join(parts)}")
+
+
 @dataclass
 class ClaudeCodeOptions:
-    """Validated backend options for Claude Code; `ignored` lists keys the adapter does not know."""
+    """Validated backend options for Claude Code; an absent option takes the schema's default."""
 
     working_directory: str
     max_turns: int = DEFAULT_MAX_TURNS
     permission_mode: str = DEFAULT_PERMISSION_MODE
+    setting_sources: list[str] | None = field(default_factory=lambda: ["user"])  # None: the CLI's own
+    system_prompt: str | None = None
+    system_prompt_mode: str = "append"
+    system_prompt_append: str | None = None  # older option: appended in either mode
+    auto_compact: bool = False
+    prompt_caching: bool = False
+    disable_nonessential_traffic: bool = True
+    subagents: bool = False
     allowed_tools: list[str] = field(default_factory=list)
     disallowed_tools: list[str] = field(default_factory=list)
     model: str | None = None
-    system_prompt: str | None = None
-    system_prompt_append: str | None = None
-    setting_sources: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
     turn_timeout: float | None = None
     binary: str | None = None
-    disable_prompt_caching: bool = False
-    disable_compaction: bool = False
-    disable_subagents: bool = False
     max_retries: int | None = None  # API retries inside the CLI (CLAUDE_CODE_MAX_RETRIES)
     api_timeout_ms: int | None = None  # per-request API timeout (API_TIMEOUT_MS)
     extra_args: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
 
     @classmethod
     def parse(cls, raw: dict[str, Any] | None, *, default_workdir: str) -> ClaudeCodeOptions:
-        """Validate a register request's backend_options; raises OptionError naming the bad option."""
+        """Validate a register request's backend_options; raises OptionError naming the bad or unknown option.
+
+        Older spellings are accepted (`disable_prompt_caching`, `enable_compaction`, ...); one that
+        contradicts another spelling of the same option is an error. Without `system_prompt_mode`, a
+        `system_prompt` keeps its older meaning (it replaces Claude Code's prompt).
+        """
         if raw is not None and not isinstance(raw, dict):
             raise OptionError("backend_options: expected an object")
         raw = dict(raw or {})
-        for canon, aliases in _ALIASES.items():
-            for alias in aliases:
-                if alias in raw and canon not in raw:
-                    raw[canon] = raw.pop(alias)
+        unknown = sorted(
+            k for k in raw if k not in OPTION_NAMES and k not in _ALIASES and k not in _SWITCH_ALIASES
+        )
+        if unknown:
+            raise _unknown(unknown)
+        for alias, canon in _ALIASES.items():
+            if alias in raw:
+                value = raw.pop(alias)
+                if canon in raw and raw[canon] != value:
+                    raise OptionError(f"backend_options.{alias}: contradicts backend_options.{canon}")
+                raw[canon] = value
+        switches: dict[str, tuple[str, bool]] = {}
+        for name in _SWITCHES:
+            if name in raw:
+                switches[name] = (name, _as_bool(name, raw.pop(name)))
+        for alias, (canon, inverted) in _SWITCH_ALIASES.items():
+            if alias in raw:
+                value = _as_bool(alias, raw.pop(alias)) != inverted
+                seen = switches.get(canon)
+                if seen is not None and seen[1] != value:
+                    raise OptionError(f"backend_options.{alias}: contradicts backend_options.{seen[0]}")
+                switches[canon] = (alias, value)
+
         opts = cls(working_directory=str(raw.pop("working_directory", None) or default_workdir))
         if not os.path.isdir(opts.working_directory):
             raise OptionError(
                 f"backend_options.working_directory: {opts.working_directory!r} is not a directory"
             )
+        for canon, (_, value) in switches.items():
+            setattr(opts, canon, value)
         if "max_turns" in raw:
             value = raw.pop("max_turns")
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -118,13 +210,32 @@ class ClaudeCodeOptions:
             if key in raw:
                 setattr(opts, key, _as_list(key, raw.pop(key)))
         if "setting_sources" in raw:
-            opts.setting_sources = _as_list("setting_sources", raw.pop("setting_sources"))
+            value = raw.pop("setting_sources")
+            opts.setting_sources = None if value is None else _as_list("setting_sources", value)
+            bad = [s for s in opts.setting_sources or [] if s not in SETTING_SOURCES]
+            if bad:
+                raise OptionError(
+                    f"backend_options.setting_sources: {bad[0]!r} is not one of {', '.join(SETTING_SOURCES)}"
+                )
         for key in ("model", "system_prompt", "system_prompt_append", "binary"):
             if key in raw:
                 value = raw.pop(key)
                 if value is not None and not isinstance(value, str):
                     raise OptionError(f"backend_options.{key}: expected a string")
                 setattr(opts, key, value or None)
+        if "system_prompt_mode" in raw:
+            value = raw.pop("system_prompt_mode")
+            if value not in SYSTEM_PROMPT_MODES:
+                raise OptionError(
+                    f"backend_options.system_prompt_mode: {value!r} is not one of {', '.join(SYSTEM_PROMPT_MODES)}"
+                )
+            opts.system_prompt_mode = value
+        elif opts.system_prompt:
+            opts.system_prompt_mode = "replace"
+        if opts.system_prompt_mode == "replace" and not opts.system_prompt:
+            raise OptionError(
+                "backend_options.system_prompt: system_prompt_mode replace needs a non-empty text"
+            )
         if "env" in raw:
             env = raw.pop("env")
             if not isinstance(env, dict) or not all(
@@ -145,22 +256,13 @@ class ClaudeCodeOptions:
                 if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                     raise OptionError(f"backend_options.{key}: expected a non-negative integer")
                 setattr(opts, key, value)
-        for key in ("disable_prompt_caching", "disable_compaction", "disable_subagents"):
-            if key in raw:
-                setattr(opts, key, _as_bool(key, raw.pop(key)))
-        # Positive spellings of the same switches.
-        for key in _FLAG_KEYS:
-            if key in raw:
-                value = _as_bool(key, raw.pop(key))
-                if key == "enable_prompt_caching":
-                    opts.disable_prompt_caching = not value
-                elif key == "enable_compaction":
-                    opts.disable_compaction = not value
-                elif key == "enable_subagents":
-                    opts.disable_subagents = not value
-                # nonessential_traffic: always off; accepted so converters may state it.
-        opts.ignored = sorted(raw)
+        if raw:  # a known name this parser forgot: still never silently ignored
+            raise _unknown(sorted(raw))
         return opts
+
+    def settings(self) -> dict[str, Any]:
+        """The keys this session writes into the CLI's user settings (~/.claude/settings.json)."""
+        return {"autoCompactEnabled": self.auto_compact}
 
 
 def resolve_binary(option: str | None, server_default: str | None = None) -> str:
@@ -184,16 +286,20 @@ def build_argv(
     if opts.allowed_tools:
         argv += ["--allowedTools", ",".join(opts.allowed_tools)]
     disallowed = list(opts.disallowed_tools)
-    if opts.disable_subagents:
-        disallowed += [t for t in ("Agent", "Task") if t not in disallowed]
+    if not opts.subagents:
+        disallowed += [t for t in SUBAGENT_TOOLS if t not in disallowed]
     if disallowed:
         argv += ["--disallowedTools", ",".join(disallowed)]
     if opts.model:
         argv += ["--model", opts.model]
-    if opts.system_prompt:
-        argv += ["--system-prompt", opts.system_prompt]
-    if opts.system_prompt_append:
-        argv += ["--append-system-prompt", opts.system_prompt_append]
+    appended = [opts.system_prompt_append]
+    if opts.system_prompt_mode == "replace":
+        argv += ["--system-prompt", opts.system_prompt or ""]
+    else:
+        appended.insert(0, opts.system_prompt)
+    appended_text = "\n\n".join(t for t in appended if t)
+    if appended_text:
+        argv += ["--append-system-prompt", appended_text]
     if opts.setting_sources is not None:
         argv += ["--setting-sources", ",".join(opts.setting_sources)]
     return argv + list(opts.extra_args)
@@ -207,13 +313,24 @@ def build_env(
     router_token: str,
     base: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """The agent's environment: inherited minus credentials, plus routing and quiet-mode switches.
+    """The agent's environment: inherited minus credentials, plus routing and the options' switches.
 
     `router_token` becomes ANTHROPIC_AUTH_TOKEN (the agent's only credential: its proxy session's secret).
+    The switches of the options win over the same names in `opts.env`.
     """
     base = dict(os.environ if base is None else base)
     env = {k: v for k, v in base.items() if not k.startswith(_DROP_PREFIXES) and not _SECRET_NAME.search(k)}
     env.update({k: v for k, v in opts.env.items() if not k.startswith(_BLACKBOX_SECRET_PREFIX)})
+    switched = (
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+        "DISABLE_TELEMETRY",
+        "DISABLE_ERROR_REPORTING",
+        "DISABLE_PROMPT_CACHING",
+        "DISABLE_AUTO_COMPACT",
+        "DISABLE_COMPACT",
+    )
+    for name in switched:
+        env.pop(name, None)
     env.update(
         {
             "HOME": home,
@@ -221,18 +338,23 @@ def build_env(
             "XDG_CACHE_HOME": os.path.join(home, ".cache"),
             "ANTHROPIC_BASE_URL": router_url.rstrip("/"),
             "ANTHROPIC_AUTH_TOKEN": router_token,
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1",  # a sandbox never updates its CLI, whatever the options say
             "IS_SANDBOX": "1",
         }
     )
-    if opts.disable_prompt_caching:
+    if opts.disable_nonessential_traffic:
+        env.update(
+            {
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "DISABLE_TELEMETRY": "1",
+                "DISABLE_ERROR_REPORTING": "1",
+            }
+        )
+    if not opts.prompt_caching:
         env["DISABLE_PROMPT_CACHING"] = "1"
-    if opts.disable_compaction:
-        env["DISABLE_COMPACT"] = "1"
+    if not opts.auto_compact:
         env["DISABLE_AUTO_COMPACT"] = "1"
+        env["DISABLE_COMPACT"] = "1"
     if opts.max_retries is not None:
         env["CLAUDE_CODE_MAX_RETRIES"] = str(opts.max_retries)
     if opts.api_timeout_ms is not None:
@@ -240,23 +362,42 @@ def build_env(
     return env
 
 
-def prepare_home(home: str, working_directory: str) -> None:
-    """Create the scratch HOME and pre-seed ~/.claude.json so no onboarding or trust prompt can appear."""
-    os.makedirs(os.path.join(home, ".claude"), exist_ok=True)
-    path = os.path.join(home, ".claude.json")
-    if os.path.exists(path):
-        return
-    seed = {
-        "hasCompletedOnboarding": True,
-        "bypassPermissionsModeAccepted": True,
-        "projects": {
-            working_directory: {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}
-        },
-    }
+def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(seed, fh, indent=2, sort_keys=True)
+        json.dump(data, fh, indent=2, sort_keys=True)
     os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def prepare_home(home: str, working_directory: str, settings: dict[str, Any] | None = None) -> None:
+    """Create the scratch HOME: ~/.claude.json pre-seeded (no onboarding or trust prompt) and `settings`
+    written into ~/.claude/settings.json (user settings) and ~/.claude.json (the CLI's global config)."""
+    settings = dict(settings or {})
+    os.makedirs(os.path.join(home, ".claude"), exist_ok=True)
+    user_settings = os.path.join(home, ".claude", "settings.json")
+    _write_json(user_settings, {**(_read_json(user_settings) or {}), **settings})
+    path = os.path.join(home, ".claude.json")
+    seed = _read_json(path)
+    if seed is None:
+        seed = {
+            "hasCompletedOnboarding": True,
+            "bypassPermissionsModeAccepted": True,
+            "projects": {
+                working_directory: {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}
+            },
+        }
+    elif all(seed.get(k) == v for k, v in settings.items()):
+        return  # the CLI keeps its own state here: leave the file alone when nothing changes
+    _write_json(path, {**seed, **settings})
 
 
 class ClaudeCodeAgent:
@@ -281,7 +422,7 @@ class ClaudeCodeAgent:
         self.home = os.path.join(runtime_dir, "home")
         self.binary = resolve_binary(opts.binary, binary)
         self.claude_session = str(uuid.uuid4())
-        prepare_home(self.home, opts.working_directory)
+        prepare_home(self.home, opts.working_directory, opts.settings())
 
     def has_transcript(self) -> bool:
         """Whether the CLI saved this conversation (then the next turn resumes it, else it starts it)."""

@@ -344,7 +344,6 @@ class SessionManager:
                 "agent_type": agent_type,
                 "working_directory": opts.working_directory,
                 "runtime_dir": runtime,
-                "ignored_options": opts.ignored,
             }
             self.sessions[session_id] = Session(
                 session_id, instance_id, agent_type, router_url, agent, key, answer, self.default_turn_timeout

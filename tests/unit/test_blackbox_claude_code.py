@@ -2,44 +2,214 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
-from sweflow.blackbox.claude_code import ClaudeCodeOptions, OptionError, build_argv, build_env
+import pytest
+import yaml
+
+from sweflow.blackbox.claude_code import (
+    OPTION_NAMES,
+    ClaudeCodeOptions,
+    OptionError,
+    build_argv,
+    build_env,
+    prepare_home,
+)
 from sweflow.blackbox.stream import event_outputs, parse_line
 
+RECIPE = {
+    "max_turns": 80,
+    "permission_mode": "acceptEdits",
+    "setting_sources": ["user"],
+    "system_prompt_mode": "append",
+    "auto_compact": False,
+    "prompt_caching": False,
+    "disable_nonessential_traffic": True,
+    "subagents": False,
+}
+SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
 
-def test_options_aliases_switches_and_ignored_keys(tmp_path):
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_recipe_options_reach_argv_env_and_settings(tmp_path):
     opts = ClaudeCodeOptions.parse(
+        {"working_directory": str(tmp_path), **RECIPE, "system_prompt": "Work in /testbed."},
+        default_workdir="/",
+    )
+    argv = build_argv("claude", opts, claude_session="u-1", resume=False, prompt=None)
+    assert flag(argv, "--setting-sources") == "user"
+    assert flag(argv, "--append-system-prompt") == "Work in /testbed." and "--system-prompt" not in argv
+    assert flag(argv, "--disallowedTools") == "Agent,Task,Workflow"
+    assert flag(argv, "--max-turns") == "80" and flag(argv, "--permission-mode") == "acceptEdits"
+    assert flag(argv, "--session-id") == "u-1" and "--resume" not in argv
+    base = {"PATH": "/bin", "DISABLE_TELEMETRY": "0"}
+    env = build_env(opts, home="/h", router_url="http://r:1/", router_token="t", base=base)
+    assert env["DISABLE_PROMPT_CACHING"] == "1"
+    assert env["DISABLE_AUTO_COMPACT"] == "1" and env["DISABLE_COMPACT"] == "1"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and env["DISABLE_TELEMETRY"] == "1"
+    assert env["ANTHROPIC_BASE_URL"] == "http://r:1" and env["PATH"] == "/bin"
+    assert opts.settings() == {"autoCompactEnabled": False}
+
+    # The opposite values: nothing of the above is set, even when inherited or given in `env`.
+    on = ClaudeCodeOptions.parse(
         {
             "working_directory": str(tmp_path),
-            "append_system_prompt": "be brief",
-            "timeout": 30,
-            "setting_sources": "",
-            "enable_prompt_caching": False,
-            "disable_compaction": True,
-            "enable_subagents": False,
-            "nonessential_traffic": False,
-            "disallowed_tools": "WebFetch, WebSearch",
-            "mystery": 1,
-            "max_retries": 0,
-            "api_timeout_ms": 600000,
+            "setting_sources": ["user", "project"],
+            "auto_compact": True,
+            "prompt_caching": True,
+            "disable_nonessential_traffic": False,
+            "subagents": True,
+            "disallowed_tools": ["WebFetch"],
+            "env": {"DISABLE_PROMPT_CACHING": "1"},
         },
         default_workdir="/",
     )
-    assert opts.system_prompt_append == "be brief" and opts.turn_timeout == 30.0
-    assert opts.disable_prompt_caching and opts.disable_compaction and opts.disable_subagents
-    assert opts.ignored == ["mystery"] and opts.max_turns == 80 and opts.permission_mode == "acceptEdits"
-    argv = build_argv("claude", opts, claude_session="u-1", resume=False, prompt=None)
-    assert argv[argv.index("--disallowedTools") + 1] == "WebFetch,WebSearch,Agent,Task"
-    assert argv[argv.index("--setting-sources") + 1] == ""
-    assert argv[argv.index("--append-system-prompt") + 1] == "be brief"
-    assert argv[argv.index("--session-id") + 1] == "u-1" and "--resume" not in argv
-    resumed = build_argv("claude", opts, claude_session="u-1", resume=True, prompt="hi")
-    assert resumed[:3] == ["claude", "-p", "hi"] and resumed[resumed.index("--resume") + 1] == "u-1"
-    env = build_env(opts, home="/h", router_url="http://r:1/", router_token="t", base={"PATH": "/bin"})
-    assert env["DISABLE_PROMPT_CACHING"] == "1" and env["DISABLE_COMPACT"] == "1"
-    assert env["CLAUDE_CODE_MAX_RETRIES"] == "0" and env["API_TIMEOUT_MS"] == "600000"
-    assert env["ANTHROPIC_BASE_URL"] == "http://r:1" and env["PATH"] == "/bin"
+    argv = build_argv("claude", on, claude_session="u-1", resume=True, prompt="hi")
+    assert argv[:3] == ["claude", "-p", "hi"] and flag(argv, "--resume") == "u-1"
+    assert flag(argv, "--setting-sources") == "user,project" and flag(argv, "--disallowedTools") == "WebFetch"
+    assert "--append-system-prompt" not in argv and "--system-prompt" not in argv
+    inherited = {
+        "PATH": "/bin",
+        "DISABLE_COMPACT": "1",
+        "DISABLE_AUTO_COMPACT": "1",
+        "DISABLE_PROMPT_CACHING_OPUS": "1",
+    }
+    env = build_env(on, home="/h", router_url="http://r", router_token="t", base=inherited)
+    switches = (
+        "DISABLE_PROMPT_CACHING",
+        "DISABLE_PROMPT_CACHING_OPUS",
+        "DISABLE_AUTO_COMPACT",
+        "DISABLE_COMPACT",
+    )
+    assert not set(switches) & set(env)
+    assert "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC" not in env and env["DISABLE_AUTOUPDATER"] == "1"
+    assert on.settings() == {"autoCompactEnabled": True}
+
+
+def test_absent_options_take_the_schema_defaults(tmp_path):
+    """The adapter and config/schema.yaml agree on names and defaults (a row without a key = a new row)."""
+    props = yaml.safe_load(SCHEMA.read_text())["properties"]["agent"]["properties"]["backend_options"]
+    assert props["additionalProperties"] is False
+    names = set(props["properties"])
+    assert names <= set(OPTION_NAMES) and set(OPTION_NAMES) - names == {"system_prompt_append"}
+    opts = ClaudeCodeOptions.parse({}, default_workdir=str(tmp_path))
+    for name, spec in props["properties"].items():
+        if "default" in spec and name != "working_directory":
+            assert getattr(opts, name) == spec["default"], name
+    assert {k: getattr(opts, k) for k in RECIPE} == RECIPE
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"disable_prompt_caching": True}, {"prompt_caching": False}),
+        ({"enable_prompt_caching": True}, {"prompt_caching": True}),
+        ({"disable_compaction": False}, {"auto_compact": True}),
+        ({"disable_auto_compact": True}, {"auto_compact": False}),
+        ({"enable_compaction": True}, {"auto_compact": True}),
+        ({"disable_subagents": False}, {"subagents": True}),
+        ({"enable_subagents": False}, {"subagents": False}),
+        ({"nonessential_traffic": True}, {"disable_nonessential_traffic": False}),
+        ({"append_system_prompt": "be brief"}, {"system_prompt": "be brief", "system_prompt_mode": "append"}),
+        ({"timeout": 30}, {"turn_timeout": 30}),
+        ({"claude_path": "/opt/claude"}, {"binary": "/opt/claude"}),
+        # Without a mode, `system_prompt` keeps its older meaning: it replaces Claude Code's prompt.
+        (
+            {"system_prompt": "You fix bugs."},
+            {"system_prompt": "You fix bugs.", "system_prompt_mode": "replace"},
+        ),
+    ],
+)
+def test_older_spellings_of_published_rows_still_work(tmp_path, old, new):
+    def run(raw):
+        opts = ClaudeCodeOptions.parse({"working_directory": str(tmp_path), **raw}, default_workdir="/")
+        argv = build_argv("claude", opts, claude_session="u", resume=False, prompt=None)
+        env = build_env(opts, home="/h", router_url="http://r", router_token="t", base={})
+        return opts.turn_timeout, opts.binary, argv, env, opts.settings()
+
+    assert run(old) == run(new)
+
+
+def test_older_append_and_system_prompt_together(tmp_path):
+    opts = ClaudeCodeOptions.parse(
+        {"working_directory": str(tmp_path), "system_prompt": "Base.", "system_prompt_append": "Extra."},
+        default_workdir="/",
+    )
+    argv = build_argv("claude", opts, claude_session="u", resume=False, prompt=None)
+    assert flag(argv, "--system-prompt") == "Base." and flag(argv, "--append-system-prompt") == "Extra."
+    both = ClaudeCodeOptions.parse(
+        {
+            "working_directory": str(tmp_path),
+            "system_prompt": "A.",
+            "system_prompt_mode": "append",
+            "append_system_prompt": "B.",
+        },
+        default_workdir="/",
+    )
+    argv = build_argv("claude", both, claude_session="u", resume=False, prompt=None)
+    assert flag(argv, "--append-system-prompt") == "A.\n\nB." and "--system-prompt" not in argv
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"max_turn": 5}, "unknown option 'max_turn' (did you mean 'max_turns'?)"),
+        ({"subagent": False, "zzz": 1}, "unknown option 'subagent' (did you mean 'subagents'?), 'zzz'"),
+        (
+            {"prompt_caching": False, "enable_prompt_caching": True},
+            "enable_prompt_caching: contradicts backend_options.prompt_caching",
+        ),
+        (
+            {"auto_compact": True, "disable_compaction": True},
+            "disable_compaction: contradicts backend_options.auto_compact",
+        ),
+        ({"turn_timeout": 5, "timeout": 6}, "timeout: contradicts backend_options.turn_timeout"),
+        (
+            {"system_prompt_mode": "replace"},
+            "system_prompt: system_prompt_mode replace needs a non-empty text",
+        ),
+        ({"system_prompt_mode": "prepend"}, "system_prompt_mode: 'prepend' is not one of append, replace"),
+        (
+            {"setting_sources": ["user", "global"]},
+            "setting_sources: 'global' is not one of user, project, local",
+        ),
+    ],
+)
+def test_unknown_and_contradicting_options_are_errors(tmp_path, raw, message):
+    with pytest.raises(OptionError) as err:
+        ClaudeCodeOptions.parse({"working_directory": str(tmp_path), **raw}, default_workdir="/")
+    assert message in str(err.value) and "\n" not in str(err.value)
+    # Agreeing spellings of one option are fine.
+    ok = ClaudeCodeOptions.parse(
+        {"working_directory": str(tmp_path), "prompt_caching": True, "enable_prompt_caching": True},
+        default_workdir="/",
+    )
+    assert ok.prompt_caching is True
+
+
+def test_prepare_home_writes_the_settings_and_keeps_the_cli_state(tmp_path):
+    home = tmp_path / "home"
+    prepare_home(str(home), "/testbed", {"autoCompactEnabled": False})
+    assert json.loads((home / ".claude" / "settings.json").read_text()) == {"autoCompactEnabled": False}
+    seed = json.loads((home / ".claude.json").read_text())
+    assert seed["autoCompactEnabled"] is False and seed["hasCompletedOnboarding"] is True
+    assert seed["projects"]["/testbed"]["hasTrustDialogAccepted"] is True
+    # The CLI adds its own state to ~/.claude.json; a later call keeps it and only sets our keys.
+    (home / ".claude.json").write_text(json.dumps({**seed, "numStartups": 3}))
+    (home / ".claude" / "settings.json").write_text(
+        json.dumps({"theme": "dark", "autoCompactEnabled": False})
+    )
+    prepare_home(str(home), "/testbed", {"autoCompactEnabled": True})
+    assert json.loads((home / ".claude.json").read_text())["numStartups"] == 3
+    assert json.loads((home / ".claude.json").read_text())["autoCompactEnabled"] is True
+    assert json.loads((home / ".claude" / "settings.json").read_text()) == {
+        "theme": "dark",
+        "autoCompactEnabled": True,
+    }
 
 
 def test_env_drops_inherited_credentials_but_keeps_explicit_env(tmp_path):
@@ -76,6 +246,9 @@ def test_env_drops_inherited_credentials_but_keeps_explicit_env(tmp_path):
         {"turn_timeout": 0},
         {"disable_subagents": "yes"},
         {"max_retries": -1},
+        {"auto_compact": "no"},
+        {"setting_sources": 3},
+        {"system_prompt": ["x"]},
     ],
 )
 def test_bad_options_name_the_option(tmp_path, raw):
