@@ -2,8 +2,11 @@
 # Logic lives in the `sweflow` library; rules only wire files together. See README.md.
 
 
-# the embedded default, found next to this Snakefile whatever the working directory (--directory)
-configfile: f"{workflow.basedir}/config/config.yaml"
+# The embedded default (found next to this Snakefile whatever --directory is) applies only when the user
+# gives no --configfile: a user's config is theirs, complete with the schema defaults (rules/common.smk).
+if not workflow.config_settings.configfiles:
+
+    configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 include: "rules/common.smk"

@@ -1,21 +1,35 @@
 import json
+import sys
 from pathlib import Path
 
-from snakemake.utils import min_version, validate
+from snakemake.settings.types import DeploymentMethod
+from snakemake.utils import min_version
+
+from sweflow.config import workflow_config
+from sweflow.errors import ConfigError
+from sweflow.util import redact
 
 min_version("9.0")
 
 
-validate(config, schema="../config/schema.yaml", set_default=True)
+# One line on stderr and exit 1 for any config problem (an exception here would print a traceback).
+_USES_CONDA = DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+try:
+    workflow_config(
+        config,
+        configfiles=workflow.config_settings.configfiles,
+        overrides=workflow.config_settings.config,
+        uses_conda=_USES_CONDA,
+    )
+except ConfigError as _exc:
+    sys.exit(f"sweflow: {_exc.one_line()}")
 
 DATASET = config["dataset"]["name"]
 SPLITS = config["dataset"]["select_splits"] or list(config["dataset"]["splits"])
 PROVIDER = config["sandbox"]["provider"]
-for _split in SPLITS:
-    if _split not in config["dataset"]["splits"]:
-        raise ValueError(
-            f"config dataset.select_splits: {_split!r} is not a configured split"
-        )
+# Snakemake records params in clear (.snakemake/metadata): an endpoint goes in without its credentials,
+# and the scripts read the real one from config at run time.
+HUB_ENDPOINT_PARAM = redact(config["dataset"]["hub"]["endpoint"] or "") or None
 
 
 wildcard_constraints:

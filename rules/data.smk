@@ -15,7 +15,7 @@ rule resolve_dataset:
         repo_id=config["dataset"]["repo_id"],
         repo_type=config["dataset"]["repo_type"],
         revision=config["dataset"]["revision"],
-        endpoint=config["dataset"]["hub"]["endpoint"],
+        endpoint=HUB_ENDPOINT_PARAM,
         offline_dir=config["dataset"]["hub"]["offline_dir"],
         timeout=config["dataset"]["hub"]["timeout_sec"],
     script:
@@ -39,7 +39,7 @@ rule download:
         "../envs/data.yaml"
     params:
         filename=split_file,
-        endpoint=config["dataset"]["hub"]["endpoint"],
+        endpoint=HUB_ENDPOINT_PARAM,
         offline_dir=config["dataset"]["hub"]["offline_dir"],
         attempts=config["dataset"]["hub"]["download_attempts"],
         timeout=config["dataset"]["hub"]["timeout_sec"],

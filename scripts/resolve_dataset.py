@@ -10,7 +10,7 @@ with from_snakemake(smk, f"{smk.scriptdir}/resolve_dataset.py") as ctx:
         smk.output.revision,
         repo_id=p.repo_id,
         revision=p.revision,
-        endpoint=p.endpoint,
+        endpoint=smk.config["dataset"]["hub"]["endpoint"],  # params hold it redacted
         offline_dir=p.offline_dir,
         repo_type=p.repo_type,
         timeout=p.timeout,

@@ -1,8 +1,19 @@
-"""Load the workflow config outside Snakemake (for the CLI): merged YAML files, validated, defaults filled."""
+"""The workflow config, one rule for Snakemake (rules/common.smk) and the CLI.
+
+The embedded default (config/config.yaml) applies only when no config file is given; a user's files are
+merged in order and are complete on their own (schema defaults fill the rest); `--config` overrides go on
+top either way. Every problem is one ConfigError line naming the file (and line) that set the key, the key
+path and, for an unknown key, the nearest valid one.
+"""
 
 from __future__ import annotations
 
+import copy
+import difflib
+import importlib.util
 import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,56 +24,327 @@ from .errors import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "config" / "config.yaml"
 SCHEMA = ROOT / "config" / "schema.yaml"
+OVERRIDES = "--config"
+# `harness.extra_repos` given as a string names one of these bundled spec sets (sweflow.stages).
+KNOWN_EXTRA_REPOS = ("sample",)
+
+Path_ = tuple[str, ...]
+Layer = tuple[str, Mapping[str, Any], dict[Path_, int]]
+
+_SCHEMA_CACHE: dict[str, Any] = {}
 
 
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+def schema() -> dict[str, Any]:
+    if "schema" not in _SCHEMA_CACHE:
+        _SCHEMA_CACHE["schema"] = yaml.load(SCHEMA.read_text(), Loader=_Loader)
+    return copy.deepcopy(_SCHEMA_CACHE["schema"])
+
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def config_files(given: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """The files that make the config: the given ones, or the embedded default when none is given."""
+    return [Path(p) for p in given] or [DEFAULT_CONFIG]
+
+
+# ----- reading ------------------------------------------------------------------------------------------
+def read_config_file(path: str | os.PathLike) -> tuple[dict[str, Any], dict[Path_, int]]:
+    """(data, {key path: line}) of one YAML file; a syntax error names the file and line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config: {exc}".splitlines()[0], file=str(path)) from None
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader) if node is not None else {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        context = exc.context or ""
+        if context and exc.context_mark and exc.context_mark is not mark:
+            context += f" at line {exc.context_mark.line + 1}"
+        problem = exc.problem or "invalid YAML"
+        raise ConfigError(f"YAML syntax error: {problem}", file=where, hint=context or None) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"YAML syntax error: {exc}".splitlines()[0], file=str(path)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"the top level must be a mapping of sections, not {type(data).__name__}", file=str(path)
+        )
+    lines: dict[Path_, int] = {}
+    _key_lines(node, (), lines)
+    return data, lines
+
+
+def _key_lines(node: Any, prefix: Path_, out: dict[Path_, int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                path = (*prefix, str(key.value))
+                out[path] = key.start_mark.line + 1
+                _key_lines(value, path, out)
+
+
+# ----- merging, remembering who set each key ------------------------------------------------------------
+def merge(layers: Sequence[Layer]) -> tuple[dict[str, Any], dict[Path_, str]]:
+    """Merge like Snakemake (mappings recursively, anything else replaced); also {key path: "file:line"}."""
+    cfg: dict[str, Any] = {}
+    origins: dict[Path_, str] = {}
+    for source, data, lines in layers:
+        _merge_into(cfg, data, (), source, lines, origins)
+    return cfg, origins
+
+
+def _merge_into(
+    dst: dict[str, Any],
+    src: Mapping[str, Any],
+    prefix: Path_,
+    source: str,
+    lines: dict[Path_, int],
+    origins: dict[Path_, str],
+) -> None:
+    for key, value in src.items():
+        path = (*prefix, str(key))
+        line = lines.get(path)
+        origins[path] = f"{source}:{line}" if line else source
+        if isinstance(value, Mapping) and isinstance(dst.get(key), dict):
+            _merge_into(dst[key], value, path, source, lines, origins)
+        else:
+            if not isinstance(value, Mapping):
+                for stale in [p for p in origins if len(p) > len(path) and p[: len(path)] == path]:
+                    del origins[stale]
+            dst[key] = copy.deepcopy(dict(value)) if isinstance(value, Mapping) else copy.deepcopy(value)
+            if isinstance(value, Mapping):
+                _record(value, path, source, lines, origins)
+
+
+def _record(value: Mapping[str, Any], prefix: Path_, source: str, lines: dict, origins: dict) -> None:
+    for key, sub in value.items():
+        path = (*prefix, str(key))
+        line = lines.get(path)
+        origins[path] = f"{source}:{line}" if line else source
+        if isinstance(sub, Mapping):
+            _record(sub, path, source, lines, origins)
+
+
+def source_of(origins: Mapping[Path_, str], path: Sequence[Any], fallback: str = "config") -> str:
+    """The file (and line) that set `path`, or its nearest parent that some file set."""
+    parts = tuple(str(p) for p in path)
+    for n in range(len(parts), 0, -1):
+        if parts[:n] in origins:
+            return origins[parts[:n]]
+    return fallback
+
+
+def _where(origins: Mapping[Path_, str], path: Sequence[Any]) -> str:
+    files = [o for o in origins.values() if not o.startswith(OVERRIDES)]
+    fallback = files[-1].rsplit(":", 1)[0] if files else "config"
+    return source_of(origins, path, fallback)
+
+
+# ----- checking -----------------------------------------------------------------------------------------
+def check(
+    cfg: dict[str, Any], origins: Mapping[Path_, str], sch: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Reject unknown keys at every level, fill schema defaults in place, validate; returns `cfg`."""
+    sch = schema() if sch is None else sch
+    unknown: list[tuple[Path_, str]] = []
+    _unknown_keys(sch, cfg, (), unknown)
+    if unknown:
+        path, hint = unknown[0]
+        more = f"; {len(unknown) - 1} more unknown key(s)" if len(unknown) > 1 else ""
+        raise ConfigError(
+            "unknown key" + more, file=_where(origins, path), field=".".join(path), hint=hint or None
+        )
+    fill_defaults(sch, cfg)
+    _validate(sch, cfg, origins)
+    _semantic_checks(cfg, origins)
+    return cfg
+
+
+def _unknown_keys(
+    sch: Mapping[str, Any], data: Any, prefix: Path_, out: list, root: Mapping | None = None
+) -> None:
+    """Strict everywhere a schema lists `properties`, unless it says `additionalProperties: true` or gives a
+    schema for the extra keys (per-split objects)."""
+    root = sch if root is None else root
+    if not isinstance(data, dict):
+        return
+    props = sch.get("properties")
+    extra = sch.get("additionalProperties")
+    for key, value in data.items():
+        path = (*prefix, str(key))
+        if props is not None and key in props:
+            _unknown_keys(props[key], value, path, out, root)
+        elif isinstance(extra, dict):
+            _unknown_keys(extra, value, path, out, root)
+        elif props is not None and extra is not True:
+            out.append((path, _nearest(str(key), list(props), prefix, root)))
+
+
+def _nearest(key: str, valid: list[str], prefix: Path_, root: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {'.'.join((*prefix, close[0]))!r}?"
+    paths = _schema_paths(root)
+    for cutoff in (1.0, 0.75):  # the same name in another section first, then a near one
+        names = difflib.get_close_matches(key, sorted({p[-1] for p in paths}), n=1, cutoff=cutoff)
+        if names:
+            return f"did you mean {'.'.join(next(p for p in paths if p[-1] == names[0]))!r}?"
+    shown = ", ".join(valid[:12]) + (", ..." if len(valid) > 12 else "")
+    return f"valid keys here: {shown}" if valid else ""
+
+
+def _schema_paths(sch: Mapping[str, Any], prefix: Path_ = ()) -> list[Path_]:
+    out = []
+    for name, sub in (sch.get("properties") or {}).items():
+        out.append((*prefix, name))
+        if isinstance(sub, dict):
+            out.extend(_schema_paths(sub, (*prefix, name)))
     return out
 
 
-def _fill_defaults(schema: dict[str, Any], data: Any) -> Any:
-    if schema.get("type") == "object" or "properties" in schema:
-        if not isinstance(data, dict):
-            return data
-        for name, sub in schema.get("properties", {}).items():
-            if name not in data and "default" in sub:
-                data[name] = _copy(sub["default"])
-            if name in data:
-                data[name] = _fill_defaults(sub, data[name])
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict):
-            for name in data:
-                if name not in schema.get("properties", {}):
-                    data[name] = _fill_defaults(extra, data[name])
+def fill_defaults(sch: Mapping[str, Any], data: Any) -> Any:
+    """Fill `default`s in place (objects recursively, per-key schemas included); returns `data`."""
+    if not isinstance(data, dict):
+        return data
+    props = sch.get("properties") or {}
+    for name, sub in props.items():
+        if name not in data and "default" in sub:
+            data[name] = copy.deepcopy(sub["default"])
+        if name in data:
+            fill_defaults(sub, data[name])
+    extra = sch.get("additionalProperties")
+    if isinstance(extra, dict):
+        for name, value in data.items():
+            if name not in props:
+                fill_defaults(extra, value)
     return data
 
 
-def _copy(v: Any) -> Any:
-    import copy
-
-    return copy.deepcopy(v)
-
-
-def load_config(*paths: str | os.PathLike, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The embedded default, then each file in order, then overrides; validated against the schema."""
+def _validate(sch: dict[str, Any], cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     import jsonschema
+    from jsonschema.exceptions import best_match
 
-    cfg: dict[str, Any] = {}
-    for p in (DEFAULT_CONFIG, *paths):
-        try:
-            data = yaml.safe_load(Path(p).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read config: {exc}".splitlines()[0], file=str(p)) from None
-        cfg = deep_merge(cfg, data)
+    validator = jsonschema.Draft202012Validator(sch)
+    err = best_match(validator.iter_errors(cfg))
+    if err is None:
+        return
+    path = [str(p) for p in err.absolute_path]
+    message = err.message
+    if len(message) > 200:
+        message = message[:197] + "..."
+    raise ConfigError(message, file=_where(origins, path), field=".".join(path) or "(top level)")
+
+
+def _semantic_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
+    ds = cfg["dataset"]
+    for i, name in enumerate(ds.get("select_splits") or []):
+        if name not in ds["splits"]:
+            close = difflib.get_close_matches(name, list(ds["splits"]), n=1)
+            raise ConfigError(
+                f"{name!r} is not a configured split",
+                file=_where(origins, ("dataset", "select_splits", str(i))),
+                field="dataset.select_splits",
+                hint=f"did you mean {close[0]!r}?" if close else f"configured: {', '.join(ds['splits'])}",
+            )
+    extra = cfg["harness"].get("extra_repos")
+    if isinstance(extra, str) and extra not in KNOWN_EXTRA_REPOS:
+        close = difflib.get_close_matches(extra, KNOWN_EXTRA_REPOS, n=1)
+        raise ConfigError(
+            f"{extra!r} is not a known set of repository specs",
+            file=_where(origins, ("harness", "extra_repos")),
+            field="harness.extra_repos",
+            hint=(f"did you mean {close[0]!r}? " if close else "")
+            + f"known: {', '.join(KNOWN_EXTRA_REPOS)}, null, or {{repo: {{version: spec}}}}",
+        )
+    if isinstance(extra, dict):
+        for repo, versions in extra.items():
+            if not isinstance(versions, dict):
+                raise ConfigError(
+                    f"must map versions to specs, not {type(versions).__name__}",
+                    file=_where(origins, ("harness", "extra_repos", str(repo))),
+                    field=f"harness.extra_repos.{repo}",
+                )
+
+
+def check_environment(
+    cfg: Mapping[str, Any],
+    origins: Mapping[Path_, str],
+    *,
+    conda: bool = False,
+    env: Mapping[str, str] | None = None,
+    find_spec: Callable[[str], Any] = importlib.util.find_spec,
+) -> None:
+    """What can be known before the first job, without a network call or an import: the harness package
+    is installed (unless conda envs provide it), the E2B key is set when the provider is e2b."""
+    env = os.environ if env is None else env
+    package = cfg["harness"]["package"]
+    if not conda and find_spec(package) is None:
+        raise ConfigError(
+            f"harness package {package!r} is not installed in this Python ({sys.executable})",
+            file=_where(origins, ("harness", "package")),
+            field="harness.package",
+            hint="pip install it here, or run with --software-deployment-method conda",
+        )
+    if cfg["sandbox"]["provider"] == "e2b" and not env.get("E2B_API_KEY"):
+        raise ConfigError(
+            "the e2b provider needs E2B_API_KEY in the environment, and it is not set",
+            file=_where(origins, ("sandbox", "provider")),
+            field="sandbox.provider",
+        )
+
+
+# ----- entry points -------------------------------------------------------------------------------------
+def layers(
+    paths: Sequence[str | os.PathLike] = (), overrides: Mapping[str, Any] | None = None
+) -> list[Layer]:
+    out: list[Layer] = []
+    for p in config_files(paths):
+        data, lines = read_config_file(p)
+        out.append((str(p), data, lines))
     if overrides:
-        cfg = deep_merge(cfg, overrides)
-    schema = yaml.safe_load(SCHEMA.read_text())
-    cfg = _fill_defaults(schema, cfg)
+        out.append((OVERRIDES, dict(overrides), {}))
+    return out
+
+
+def workflow_config(
+    config: dict[str, Any],
+    *,
+    configfiles: Sequence[str | os.PathLike] = (),
+    overrides: Mapping[str, Any] | None = None,
+    uses_conda: bool = False,
+    environment: bool = True,
+) -> dict[str, Any]:
+    """Check Snakemake's merged `config` in place (defaults filled). `configfiles` and `overrides` are what
+    the user gave (--configfile, --config); they are re-read only to name the file behind each key."""
+    _, origins = merge(layers(configfiles, overrides))
+    check(config, origins)
+    if environment:
+        check_environment(config, origins, conda=uses_conda)
+    return config
+
+
+def load_config(*paths: str | os.PathLike, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The config the workflow would see for `--configfile paths... --config overrides` (for the CLI)."""
+    cfg, origins = merge(layers(paths, overrides))
+    return check(cfg, origins)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m sweflow.config [FILE...]`: check config files (the embedded default when none) offline."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        jsonschema.validate(cfg, schema)
-    except jsonschema.ValidationError as exc:
-        where = ".".join(str(x) for x in exc.absolute_path) or "(top)"
-        raise ConfigError(exc.message, field=where) from None
-    return cfg
+        load_config(*args)
+    except ConfigError as exc:
+        print(f"sweflow: {exc.one_line()}", file=sys.stderr)
+        return 1
+    print(f"ok: {', '.join(str(p) for p in config_files(args))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

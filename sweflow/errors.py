@@ -1,4 +1,5 @@
-"""Domain exceptions. Every message is one line naming the file, item/row and field, and what to do."""
+"""Domain exceptions. Every message is one line naming the file, item/row and field, and what to do;
+secrets (environment values, token shapes, URL credentials) are redacted from it."""
 
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ class SweflowError(Exception):
         msg = f"{head}: {self.problem}" if head else self.problem
         if self.hint:
             msg += f" ({self.hint})"
-        return " ".join(msg.split("\n"))
+        from .util import redact  # a message may quote a URL with credentials or a token
+
+        return redact(" ".join(msg.split("\n")))
 
 
 class ConfigError(SweflowError):

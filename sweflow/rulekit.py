@@ -62,6 +62,16 @@ def step(
         print(f"sweflow: {exc.one_line()}", file=sys.stderr)
         logging.shutdown()
         sys.exit(1)
+    except Exception:  # a bug: keep the traceback, but never a secret it quotes (a URL with credentials)
+        import traceback
+
+        from .util import redact
+
+        text = redact(traceback.format_exc())
+        log.error("%s", text.rstrip())
+        print(text, file=sys.stderr, end="")
+        logging.shutdown()
+        sys.exit(1)
     ended = time.time()
     log.info("rule %s finished in %.2fs", rule, ended - started)
     if provenance:

@@ -174,6 +174,8 @@ TOKEN_PATTERNS = re.compile(
     r"(hf_[A-Za-z0-9]{20,}|sk-ant-[A-Za-z0-9_\-]{20,}|sk-[A-Za-z0-9]{32,}|e2b_[A-Za-z0-9]{20,}"
     r"|gh[pousr]_[A-Za-z0-9]{30,})"
 )
+# Credentials inside a URL (scheme://user:password@host, scheme://token@host): the userinfo part goes.
+URL_USERINFO = re.compile(r"(?<=://)[^\s/?#@]+@")
 # Names that contain a marker (KEY, TOKEN, AUTH...) but name ordinary values in this project.
 _BENIGN_KEY_WORDS = {"tokens", "tokenizer", "tokenizers", "author", "authors", "keys", "keyword", "keywords"}
 _BENIGN_KEYS = re.compile(r"(^|_)(image|instance|sort|cache|dedup|group|partition|primary|join)_?key$", re.I)
@@ -198,11 +200,12 @@ def secret_values(env: dict[str, str] | None = None) -> list[str]:
 
 
 def redact(text: str, secrets: Iterable[str] | None = None) -> str:
-    """Replace every secret value (from the environment unless given) and every token-shaped string."""
+    """Replace every secret value (from the environment unless given), every token-shaped string and the
+    credentials of every URL."""
     for s in secret_values() if secrets is None else secrets:
         if s:
             text = text.replace(s, REDACTED)
-    return TOKEN_PATTERNS.sub(REDACTED, text)
+    return URL_USERINFO.sub(REDACTED + "@", TOKEN_PATTERNS.sub(REDACTED, text))
 
 
 class _RedactingFilter(logging.Filter):
