@@ -274,7 +274,12 @@ def provider_from_config(name: str, sandbox_cfg: Mapping[str, Any] | None = None
     create call asks for ``network="internet"`` (``sweflow.evaluate.eval_network``)."""
     from .stages_sandbox import provider_from_config as configured
 
-    return configured(name, dict(sandbox_cfg or {}), purpose="eval")
+    cfg = dict(sandbox_cfg or {})
+    provider = configured(name, cfg, purpose="eval")
+    docker_network = (cfg.get("network") or {}).get("docker_network")
+    if docker_network and hasattr(provider, "internet_network"):
+        provider.internet_network = docker_network
+    return provider
 
 
 def validate_task_file(

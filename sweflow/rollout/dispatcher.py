@@ -11,7 +11,9 @@ finalise and read the proxy trajectory -> integrity scan of the tool calls the p
 RolloutResult.
 
 Any exception aborts the sample (status "aborted", failure_reason naming the failed step, or
-"sandbox_died" when the agent's sandbox is gone) and every sandbox it created is killed. The after-agent
+"sandbox_died" when the agent's sandbox is gone) and every sandbox it created is killed. A fresh
+evaluation whose infrastructure failed (``EvalResult.infra``: provider fault, dead sandbox, ...) aborts
+the sample with failure_reason "evaluation_error" (its evaluation and log kept): never reward 0. The after-agent
 commands of the row are not run in the agent sandbox: the fresh evaluation replaces them.
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sweflow.errors import SweflowError
+from sweflow.evaluate import INFRA_REASONS
 from sweflow.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
 from sweflow.reward import RewardResult
 from sweflow.rollout.clients import BlackboxClient, HttpStatusError, ProxyClient
@@ -145,7 +148,9 @@ class Dispatcher:
         self.proxy = proxy
         self.config = config or RolloutConfig()
         # The patch check of the fresh evaluation uses the same integrity rules as the tool-call scan.
-        self.evaluator = evaluator or FreshEvaluator(rules=self.config.integrity_rules)
+        self.evaluator = evaluator or FreshEvaluator(
+            rules=self.config.integrity_rules, network=self.config.eval_network
+        )
         if self.config.max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         self._slots = threading.BoundedSemaphore(self.config.max_concurrency)
@@ -190,6 +195,8 @@ class _Rollout:
         self.proxy_session = False
         self.session_token: str | None = None
         self.agent_running = False
+        self.evaluation: dict[str, Any] = {}
+        self.evaluation_log = ""
 
     # ------------------------------------------------------------------ helpers
     def _timed(self, step: str) -> _StepTimer:
@@ -242,7 +249,9 @@ class _Rollout:
 
     def _abort(self, reason: str, detail: str) -> RolloutResult:
         log.warning("sample %s g%d aborted: %s (%s)", self.instance_id, self.group_index, reason, detail)
-        return self._result(ABORTED, reason, error=detail)
+        return self._result(
+            ABORTED, reason, error=detail, evaluation=self.evaluation, evaluation_log=self.evaluation_log
+        )
 
     def _cleanup(self) -> None:
         if self.agent_running and self.bb is not None:
@@ -344,6 +353,7 @@ class _Rollout:
             num_turns=num_turns,
             patch=patch_info,
             evaluation=evaluation,
+            evaluation_log=self.evaluation_log,
             integrity_violations=[v.to_dict() for v in violations],
             agent={**agent, "tool_calls": len(calls)},
         )
@@ -403,9 +413,16 @@ class _Rollout:
             "marker": getattr(ev, "marker", None),
             "timings": dict(getattr(ev, "timings", None) or {}),
             "error": getattr(ev, "error", None),
+            "exit_code": getattr(ev, "exit_code", None),
+            "statuses": dict(getattr(ev, "statuses", None) or {}),
         }
-        if evaluation["error"]:
-            raise Abort(STEP_REASONS["evaluate"], f"fresh evaluation: {evaluation['error']}"[:500])
+        self.evaluation, self.evaluation_log = evaluation, str(getattr(ev, "log", "") or "")
+        if evaluation["error"] or evaluation["failure_reason"] in INFRA_REASONS:
+            # The evaluation did not happen: nothing is known about the patch, so no reward at all.
+            raise Abort(
+                STEP_REASONS["evaluate"],
+                f"fresh evaluation ({evaluation['failure_reason']}): {evaluation['error']}"[:500],
+            )
         base = RewardResult(
             evaluation["reward"],
             evaluation["resolved"],

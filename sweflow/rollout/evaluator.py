@@ -27,9 +27,11 @@ class Evaluator(Protocol):
 
 
 class FreshEvaluator:
-    """The real evaluation (sweflow.evaluate); `options` go to evaluate_patch unchanged."""
+    """The real evaluation (sweflow.evaluate); `options` go to evaluate_patch unchanged. `network` is the
+    ``sandbox.network`` config section: each row's fresh sandbox gets ``eval_network(network, repo)``."""
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, network: dict[str, Any] | None = None, **options: Any) -> None:
+        self.network = network
         self.options = options
 
     def extract_patch(self, sb: Sandbox, base_commit: str) -> Any:
@@ -38,6 +40,7 @@ class FreshEvaluator:
         return extract_patch(sb, base_commit)
 
     def evaluate_patch(self, provider: Provider, template: str, metadata: dict[str, Any], patch: str) -> Any:
-        from sweflow.evaluate import evaluate_patch
+        from sweflow.evaluate import eval_network, evaluate_patch
 
-        return evaluate_patch(provider, template, metadata, patch, **self.options)
+        net = eval_network(self.network, str(metadata.get("repo") or ""))
+        return evaluate_patch(provider, template, metadata, patch, network=net, **self.options)

@@ -36,6 +36,7 @@ class RolloutConfig:
     (`sandbox.egress_url`, which wins; default: the proxy client's URL, right for a public proxy URL). `turn_timeout` / `sandbox_timeout` default to the row's
     backend_options.turn_timeout / sandbox_timeout_sec. `session_prefix` makes session ids unique across
     runs that reuse one proxy. `delete_sessions` frees the proxy's copy once a sample's trajectory is read.
+    `eval_network` is the ``sandbox.network`` section for the fresh evaluation (default: offline).
     """
 
     router_url: str | None = None
@@ -46,6 +47,7 @@ class RolloutConfig:
     session_prefix: str = ""
     delete_sessions: bool = True
     integrity_rules: IntegrityRules = DEFAULT_RULES
+    eval_network: dict[str, Any] | None = None
 
 
 @dataclass
@@ -55,6 +57,9 @@ class RolloutResult:
     `samples` are the proxy's linearised samples (token_ids, loss_mask, rollout_logprobs, prompt_length,
     num_turns, finish_reason, turn_indices, ...); `training_samples()` adds reward, group index, status
     and failure reason to each. `error` is a one-line description of what aborted the sample.
+    `evaluation_log` is the fresh evaluation's whole host-side log (left out of `to_dict`; see
+    `write_evidence`); an evaluation whose infrastructure failed aborts the sample (evaluation_error),
+    it never gives reward 0.
     """
 
     instance_id: str
@@ -72,6 +77,7 @@ class RolloutResult:
     agent: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    evaluation_log: str = field(default="", repr=False)
 
     @property
     def aborted(self) -> bool:
@@ -92,7 +98,32 @@ class RolloutResult:
         return [{**s, **extra} for s in self.samples]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("evaluation_log")
+        return out
+
+    def write_evidence(self, path: str) -> None:
+        """The grading's evidence (whole log, status map, outcome) as one gzip JSON line (byte-stable)."""
+        from sweflow.evaluate import write_evidence
+
+        ev = self.evaluation
+        write_evidence(
+            path,
+            [
+                {
+                    "instance_id": self.instance_id,
+                    "group_index": self.group_index,
+                    "session_id": self.session_id,
+                    "status": self.status,
+                    "failure_reason": ev.get("failure_reason"),
+                    "resolved": ev.get("resolved", False),
+                    "error": ev.get("error"),
+                    "exit_code": ev.get("exit_code"),
+                    "statuses": dict(sorted((ev.get("statuses") or {}).items())),
+                    "log": self.evaluation_log,
+                }
+            ],
+        )
 
 
 def patch_stats(patch: str) -> dict[str, Any]:

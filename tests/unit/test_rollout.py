@@ -259,3 +259,67 @@ def test_session_ids_and_patch_stats():
     assert (stats["files"], stats["lines_added"], stats["lines_removed"]) == (["a.py"], 2, 1)
     with pytest.raises(ValueError):
         Dispatcher(None, None, config=RolloutConfig(max_concurrency=0))  # type: ignore[arg-type]
+
+
+class InfraFailingEvaluator(FakeEvaluator):
+    """The fresh sandbox dies under the evaluation: an EvalResult flagged as infrastructure."""
+
+    def __init__(self, reason: str, error: str | None) -> None:
+        super().__init__()
+        self.reason, self.error = reason, error
+
+    def evaluate_patch(self, provider, template, metadata, patch):
+        from sweflow.evaluate import EvalResult
+
+        fresh = provider.create(template, timeout=60)
+        self.evaluated.append(fresh.id)
+        fresh.kill()
+        return EvalResult(
+            0.0, False, self.reason, None, "", {"eval_s": 1.0}, self.error, log="+ cd /testbed\n"
+        )
+
+
+@pytest.mark.parametrize(
+    ("reason", "error"), [("sandbox_lost", "the sandbox was killed"), ("eval_not_run", None)]
+)
+def test_an_infrastructure_failure_of_the_grading_aborts_the_sample_never_reward_0(
+    env, tok, tmp_path, reason, error
+):
+    provider, base = env
+    ev = InfraFailingEvaluator(reason, error)
+    result, _, _ = run_one(provider, tok, GOOD, training_row(base), evaluator=ev)
+    assert (result.status, result.failure_reason) == (ABORTED, "evaluation_error")
+    assert result.training_samples() == [], "nothing of this sample reaches the trainer"
+    assert reason in result.error and result.evaluation["failure_reason"] == reason
+    assert_all_killed(provider)
+    from sweflow.evaluate import read_evidence
+
+    result.write_evidence(str(tmp_path / "ev.jsonl.gz"))
+    [rec] = read_evidence(tmp_path / "ev.jsonl.gz")
+    assert (rec["status"], rec["failure_reason"], rec["log"]) == ("aborted", reason, "+ cd /testbed\n")
+    assert "evaluation_log" not in result.to_dict()
+
+
+def test_fresh_evaluator_gives_each_row_its_configured_network():
+    from sweflow.rollout.evaluator import FreshEvaluator
+
+    class Prov:
+        name = "p"
+
+        def __init__(self):
+            self.networks = []
+
+        def create(self, template, *, timeout, env=None, metadata=None, network=None):
+            self.networks.append(network)
+            raise RuntimeError("no sandboxes here")
+
+    from tests.unit.test_evaluate import META
+
+    prov = Prov()
+    ev = FreshEvaluator(network={"eval": "none", "eval_repos": {META["repo"]: "internet"}})
+    res = ev.evaluate_patch(
+        prov, "tpl", dict(META), "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    assert res.infra and res.reward == 0.0
+    FreshEvaluator().evaluate_patch(prov, "tpl", {**META, "repo": "other/repo"}, "")
+    assert prov.networks == ["internet", "none"]
