@@ -177,3 +177,112 @@ def test_unreachable_router_is_a_result_with_is_error(repo, tmp_path):
         status, out = call(f"{bb.url}/v1/sessions/down-1/messages", "POST", {"content": "hi"}, timeout=60)
     assert status == 200 and out["is_error"] is True and out["api_error"] == "connection_failed"
     assert (repo / "calc.py").read_text() == BUGGY
+
+
+# A Bash tool call that records the argv and environment of the Claude Code process running it (the
+# first ancestor of its shell whose command line names the conversation) into OUT.argv / OUT.env.
+FIND_CLI = (
+    'p=$$; while [ "$p" -gt 1 ]; do '
+    "if tr '\\0' '\\n' < /proc/$p/cmdline | grep -qx -e --session-id -e --resume; then "
+    "cp /proc/$p/cmdline OUT.argv; cp /proc/$p/environ OUT.env; break; fi; "
+    "p=$(awk '{print $4}' /proc/$p/stat); done"
+)
+APPENDED = "SWEFLOW-APPENDED-INSTRUCTIONS: work only inside the repository."
+REPLACING = "SWEFLOW-REPLACING-PROMPT: you fix bugs."
+
+
+def _system_text(request) -> str:
+    system = request.body.get("system")
+    if isinstance(system, str):
+        return system
+    return "\n".join(b.get("text", "") for b in system or [])
+
+
+def test_recipe_options_reach_the_real_cli_and_its_requests(repo, tmp_path):
+    """Each Claude Code option of the recipe reaches the CLI and has its effect on the model requests.
+
+    The repository carries project settings that deny the Write tool: with setting_sources [user] they are
+    not loaded, with [user, project] they are.
+    """
+    (repo / ".claude").mkdir()
+    (repo / ".claude" / "settings.json").write_text(json.dumps({"permissions": {"deny": ["Write"]}}))
+    out = tmp_path / "cli"
+    recipe = {
+        "setting_sources": ["user"],
+        "system_prompt": APPENDED,
+        "system_prompt_mode": "append",
+        "auto_compact": False,
+        "prompt_caching": False,
+        "disable_nonessential_traffic": True,
+        "subagents": False,
+    }
+    policy = [
+        turn(tool_use("Bash", {"command": FIND_CLI.replace("OUT", str(out)), "description": "Inspect"})),
+        turn(text("done")),
+    ]
+    with (
+        AnthropicStub(policy) as stub,
+        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE, token=TOKEN) as bb,
+    ):
+        register(bb.url, stub.url, repo, "recipe-1", "bypassPermissions", **recipe)
+        status, answer = call(f"{bb.url}/v1/sessions/recipe-1/messages", "POST", {"content": "Look around."})
+        assert status == 200 and answer["result"] == "done", answer
+        init = call(f"{bb.url}/v1/sessions/recipe-1")[1]["events"][0]
+        assert call(f"{bb.url}/v1/sessions/recipe-1/close", "POST", {})[0] == 200
+        requests = stub.agent_requests
+        assert len(requests) == 2 and stub.errors == []
+
+    # The process's own argv and environment, and the settings files of its HOME.
+    argv = Path(f"{out}.argv").read_bytes().decode().split("\0")
+    env = dict(v.split("=", 1) for v in Path(f"{out}.env").read_bytes().decode().split("\0") if "=" in v)
+    assert argv[argv.index("--setting-sources") + 1] == "user"
+    assert argv[argv.index("--append-system-prompt") + 1] == APPENDED and "--system-prompt" not in argv
+    assert {"Agent", "Task", "Workflow"} <= set(argv[argv.index("--disallowedTools") + 1].split(","))
+    for name in (
+        "DISABLE_PROMPT_CACHING",
+        "DISABLE_AUTO_COMPACT",
+        "DISABLE_COMPACT",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+    ):
+        assert env.get(name) == "1", name
+    home = Path(env["HOME"])
+    assert json.loads((home / ".claude" / "settings.json").read_text())["autoCompactEnabled"] is False
+    assert json.loads((home / ".claude.json").read_text())["autoCompactEnabled"] is False
+
+    # Their effects: no sub-agent tool, no cache_control, the appended text after Claude Code's own
+    # system prompt, project settings not loaded (Write offered), no /compact, analytics off.
+    for request in requests:
+        assert not {"Agent", "Task", "Workflow"} & set(request.tool_names())
+        assert "Write" in request.tool_names()
+        assert "cache_control" not in json.dumps(request.body)
+    system = _system_text(requests[0])
+    own = system[: system.index(APPENDED)]
+    assert system.rstrip().endswith(APPENDED) and len(own) > 2000  # Claude Code's own prompt comes first
+    assert init["subtype"] == "init" and "compact" not in init["slash_commands"]
+    assert init["analytics_disabled"] is True and "Agent" not in init["tools"]
+
+    # The other values, in one more short turn: every effect above turns around.
+    opposite = {
+        "setting_sources": ["user", "project"],
+        "system_prompt": REPLACING,
+        "system_prompt_mode": "replace",
+        "auto_compact": True,
+        "prompt_caching": True,
+        "disable_nonessential_traffic": False,
+        "subagents": True,
+    }
+    with (
+        AnthropicStub([turn(text("done"))]) as stub,
+        BlackboxServer(runtime_dir=str(tmp_path / "bbs2"), agent_binary=CLAUDE, token=TOKEN) as bb,
+    ):
+        register(bb.url, stub.url, repo, "opposite-1", "acceptEdits", **opposite)
+        status, answer = call(f"{bb.url}/v1/sessions/opposite-1/messages", "POST", {"content": "hi"})
+        assert status == 200 and answer["result"] == "done", answer
+        init = call(f"{bb.url}/v1/sessions/opposite-1")[1]["events"][0]
+        request = stub.agent_requests[0]
+    assert "Agent" in request.tool_names() and "Write" not in request.tool_names()
+    assert "cache_control" in json.dumps(request.body)
+    replaced = _system_text(request)
+    assert REPLACING in replaced and APPENDED not in replaced
+    assert max(own.splitlines(), key=len) not in replaced  # Claude Code's own prompt is gone
+    assert "compact" in init["slash_commands"] and init["analytics_disabled"] is False
