@@ -136,3 +136,90 @@ def test_broken_variants_get_the_right_verdict(sample_env):  # noqa: F811
         "calclib/tokenizer.py"
     ]
     assert "git apply failed" in got["does_not_apply"]["runs"][0]["output_tail"]
+
+
+# ----- infrastructure failures in real (local) sandboxes ---------------------------------------------------
+class KillingProvider:
+    """Kills the first `kills` sandboxes' eval process group (or the whole sandbox) while the script runs."""
+
+    def __init__(self, inner, kills: int, *, whole_sandbox: bool = False):
+        self.inner, self.name, self.kills, self.whole = inner, inner.name, kills, whole_sandbox
+        self.killed = 0
+        self._lock = threading.Lock()
+
+    def create(self, template, **kw):
+        sb = self.inner.create(template, **kw)
+        with self._lock:
+            doomed = self.killed < self.kills
+            self.killed += doomed
+        if doomed:
+            threading.Thread(target=self._kill_mid_eval, args=(sb,), daemon=True).start()
+        return sb
+
+    def _kill_mid_eval(self, sb):
+        import os
+        import signal
+        import time
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not sb.killed:
+            with sb._plock:
+                evals = [p for p in sb._procs if "sweflow-eval" in " ".join(map(str, p.args))]
+            if evals:
+                time.sleep(0.3)  # the script is running: its xtrace lines are in the log by now
+                if self.whole:
+                    sb.kill()
+                else:
+                    os.killpg(evals[0].pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def local_sample(tmp_path_factory):
+    try:
+        from tests.integration.conftest_validation import local_env
+    except ModuleNotFoundError:  # pragma: no cover
+        from conftest_validation import local_env  # type: ignore[no-redef]
+    return local_env(tmp_path_factory.mktemp("sample-local-kill"), ids=[TASK])
+
+
+@pytest.mark.parametrize("whole_sandbox", [False, True], ids=["process_group", "sandbox"])
+def test_a_sandbox_killed_mid_evaluation_is_an_error_then_valid_on_retry(local_sample, whole_sandbox):
+    env = local_sample
+    inst = load_task(TASK)
+    meta = env.meta(inst)
+    # Killed every time: the verdict says nothing about the task.
+    prov = KillingProvider(env.provider, kills=100, whole_sandbox=whole_sandbox)
+    rec = validate_task(prov, meta, inst["patch"], repeats=1, error_attempts=2, error_backoff=0)
+    assert rec["verdict"] == "error" and rec["reason"].startswith("sandbox_lost"), rec["reason"]
+    assert all(r["attempts"] == 2 and r["reward"] == 0.0 for r in rec["runs"])
+    # Killed once: the retry in a fresh sandbox gives the task's real verdict.
+    prov = KillingProvider(env.provider, kills=1, whole_sandbox=whole_sandbox)
+    evidence: list = []
+    rec = validate_task(
+        prov, meta, inst["patch"], repeats=1, error_attempts=2, error_backoff=0, evidence=evidence
+    )
+    assert (rec["verdict"], rec["reason"]) == ("valid", None)
+    assert sorted(r["attempts"] for r in rec["runs"]) == [1, 2]
+    first = next(e for e in evidence if e["attempt"] == 1 and e["failure_reason"] == "sandbox_lost")
+    assert first["error"] and first["statuses"] == {}
+    gold = next(e for e in evidence if e["patch"] == "gold" and e["failure_reason"] is None)
+    assert set(inst["FAIL_TO_PASS"]) <= {t for t, s in gold["statuses"].items() if s == "PASSED"}
+    assert "Start Test Output" in gold["log"]
+
+
+def test_local_network_is_offline_unless_an_evaluation_asks(local_sample):
+    from sweflow.errors import SandboxError
+
+    env = local_sample
+    tpl = env.templates[TASK]
+    probe = "grep -c : /proc/net/dev"  # one line per interface
+    with env.provider.create(tpl, timeout=120) as sb:
+        assert sb.run(probe, timeout=60).stdout.strip() == "1", "loopback only"
+    with env.provider.create(tpl, timeout=120, network="internet") as sb:
+        with open("/proc/net/dev") as fh:
+            host = sum(":" in line for line in fh)
+        assert sb.run(probe, timeout=60).stdout.strip() == str(host), "the host's interfaces"
+    with pytest.raises(SandboxError, match="fresh evaluations only"):
+        env.provider.create(tpl, timeout=120, network="internet", egress="127.0.0.1:9")
