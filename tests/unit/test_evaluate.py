@@ -401,7 +401,9 @@ def test_a_process_killed_from_outside_or_a_dead_sandbox_is_infrastructure_not_a
     for sb in (
         FakeSandbox(log=pytest_log(ALL_PASS)[:40], exit_code=-9),  # the provider's process got SIGKILL
         FakeSandbox(log=pytest_log(ALL_PASS), exit_code=137, rules=[("sweflow-alive", SandboxError("gone"))]),
-        FakeSandbox(log="", exit_code=1, rules=[("sweflow-alive", CommandResult(126, "", "container not running"))]),
+        FakeSandbox(
+            log="", exit_code=1, rules=[("sweflow-alive", CommandResult(126, "", "container not running"))]
+        ),
     ):
         res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
         assert (res.failure_reason, res.infra, res.reward, res.marker) == ("sandbox_lost", True, 0.0, None)
@@ -431,7 +433,9 @@ def test_a_log_without_the_start_marker_is_eval_not_run_for_trusted_patches_only
 
 
 def test_git_apply_cut_short_by_a_dead_sandbox_is_not_failed_apply_patch():
-    sb = FakeSandbox(rules=[("git apply", CommandResult(-9, "", "")), ("sweflow-alive", SandboxError("gone"))])
+    sb = FakeSandbox(
+        rules=[("git apply", CommandResult(-9, "", "")), ("sweflow-alive", SandboxError("gone"))]
+    )
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
     assert (res.failure_reason, res.infra) == ("fresh_eval_exception", True) and "git apply" in res.error
 
@@ -475,3 +479,52 @@ def test_evidence_is_byte_stable_gzip_with_the_whole_log_and_status_map(tmp_path
     [back] = read_evidence(a)
     assert back["log"] == log and back["statuses"] == F2P_FAIL and back["exit_code"] == 1
     assert (back["patch"], back["failure_reason"]) == ("gold", "fail_to_pass_failure")
+
+
+def test_docker_network_reaches_docker_run_and_none_stays_the_default():
+    """The argv side of the Docker provider's network option (this host's dockerd has no bridge)."""
+    import types
+
+    from sweflow.sandbox import docker as dk
+
+    seen: list[dict] = []
+
+    class Containers:
+        def run(self, **kw):
+            seen.append(kw)
+            raise RuntimeError("stop here: the argv is what this test checks")
+
+    img = types.SimpleNamespace(attrs={"Config": {"Cmd": None}})
+    prov = object.__new__(dk.DockerProvider)
+    prov.__dict__.update(
+        cpu=None, memory_mb=None, pids_limit=None, cap_add=[], start_server=False, internet_network="evalnet",
+        client=types.SimpleNamespace(images=types.SimpleNamespace(get=lambda t: img), containers=Containers()),
+    )  # fmt: skip
+    for network, mode in ((None, "none"), ("none", "none"), ("internet", "evalnet")):
+        with pytest.raises(SandboxError):
+            prov.create("tpl", timeout=60, network=network)
+        assert seen[-1]["network_mode"] == mode
+    with pytest.raises(SandboxError, match="fresh evaluations only"):
+        dk.docker_network_mode("internet", "bridge", server=True, egress=None)
+    with pytest.raises(SandboxError, match="unknown network"):
+        dk.docker_network_mode("host", "bridge", server=False, egress=None)
+
+
+def test_e2b_network_becomes_allow_internet_access(monkeypatch):
+    """e2b 2.6x: Sandbox.create(allow_internet_access=...); agent sandboxes (no network) keep the default."""
+    from sweflow.sandbox import e2b as e2
+
+    calls: list[dict] = []
+
+    class Sdk:
+        @staticmethod
+        def create(**kw):
+            calls.append(kw)
+            raise SandboxError("stop here")
+
+    monkeypatch.setattr(e2, "SdkSandbox", Sdk)
+    prov = e2.E2BProvider(api_key="e2b_test", attempts=1)
+    for network in (None, "none", "internet"):
+        with pytest.raises(SandboxError):
+            prov.create("tpl", timeout=60, network=network)
+    assert [c.get("allow_internet_access", "default") for c in calls] == ["default", False, True]
