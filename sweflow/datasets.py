@@ -291,14 +291,16 @@ class BadRowsError(DatasetError):
 
     def one_line(self) -> str:
         lines = self.lines()
+        from .util import redact  # like every error message: a row may quote a URL with credentials
+
         if len(lines) == 1:
-            return lines[0] + (f" ({self.note})" if self.note else "")
+            return redact(lines[0] + (f" ({self.note})" if self.note else ""))
         bad = self.bad_rows
         head = f"{self.file}: {len(bad)} bad row{'s' * (len(bad) != 1)} of {self.total_rows}"
         head += f" {self.what}" if self.what else ""
         head += f", {len(lines)} problems (one per line below)"
         head += f"; {self.note}" if self.note else ""
-        return "\n".join([head, *(f"  {ln}" for ln in lines)])
+        return redact("\n".join([head, *(f"  {ln}" for ln in lines)]))
 
 
 class _Bad(Exception):

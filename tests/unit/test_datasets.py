@@ -341,3 +341,15 @@ def test_validate_split_writes_no_report_on_bad_rows_and_records_the_limit(tmp_p
     assert not out.exists()
     validate_split(path, out, split="train", expected_rows=2, max_problem_statement_chars=100_000)
     assert json.loads(out.read_text())["max_problem_statement_chars"] == 100_000
+
+
+def test_bad_rows_error_redacts_url_credentials(tmp_path):
+    rows = [swegym_row(i) for i in range(3)]
+    rows[0]["base_commit"] = "https://user:hf_abcdefghijklmnopqrstuvwxyz0123@example.invalid/x"
+    rows[2]["FAIL_TO_PASS"] = []
+    path = write_pandas(tmp_path, rows)
+    with pytest.raises(BadRowsError) as err:
+        load_split(path, split="train")
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 3 and "row 0: field 'base_commit'" in msg
+    assert "hf_abcdefghijklmnopqrstuvwxyz0123" not in msg and "user:" not in msg
