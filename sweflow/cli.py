@@ -137,7 +137,12 @@ def _add_refresh(sub: Any) -> None:
         "refresh",
         help="re-resolve the dataset revision; rewrites revision.json only when the commit sha moved",
     )
-    p.add_argument("--configfile", action="append", default=[], help="config files merged over the default")
+    p.add_argument(
+        "--configfile",
+        action="append",
+        default=[],
+        help="your config files, merged in order (none given: the embedded config/config.yaml)",
+    )
     p.add_argument("--directory", "-d", help="the workflow's working directory (default: the cwd)")
     p.set_defaults(func=_cmd_refresh)
 
