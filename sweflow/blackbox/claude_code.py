@@ -10,7 +10,7 @@ How each backend option reaches the CLI (checked against Claude Code 2.1.332):
 - setting_sources -> `--setting-sources user,...`; system_prompt + system_prompt_mode ->
   `--append-system-prompt` (append: after Claude Code's own prompt) or `--system-prompt` (replace);
 - auto_compact -> `autoCompactEnabled` in ~/.claude/settings.json and ~/.claude.json; false also sets
-  DISABLE_AUTO_COMPACT=1 and DISABLE_COMPACT=1 (no automatic, reactive or /compact summaries);
+  DISABLE_AUTO_COMPACT=1 and DISABLE_COMPACT=1 (the latter also removes /compact);
 - prompt_caching=false -> DISABLE_PROMPT_CACHING=1 (no `cache_control` in requests);
 - disable_nonessential_traffic -> CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 (+ telemetry, error reports);
 - subagents=false -> `--disallowedTools` with the sub-agent tools (`Agent`, its old name `Task`, `Workflow`).
