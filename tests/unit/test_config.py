@@ -219,3 +219,22 @@ def test_production_config_is_valid():
     cfg = load_config(ROOT / "config" / "swegym-e2b.yaml")
     assert cfg["e2e"]["instance"] is None and cfg["sandbox"]["provider"] == "e2b"
     assert list(cfg["dataset"]["splits"]) == ["train", "validation"]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("http://user:hf_xxx@host/x", "http://***REDACTED***@host/x"),
+        (
+            "fetch https://tok3n@hub.example:8443/api?q=1 failed",
+            "fetch https://***REDACTED***@hub.example:8443/api?q=1 failed",
+        ),
+        ("http://hub.example/a@b and git@github.com:o/r", "http://hub.example/a@b and git@github.com:o/r"),
+    ],
+)
+def test_url_credentials_are_redacted_wherever_redact_runs(text, expected):
+    from sweflow.provenance import redact_value
+    from sweflow.util import redact
+
+    assert redact(text, []) == expected
+    assert redact_value({"endpoint": text}, [])["endpoint"] == expected  # provenance params
