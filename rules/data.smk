@@ -59,6 +59,7 @@ rule validate_split:
     params:
         expected_rows=expected_rows,
         shape=config["dataset"]["row_shape"],
+        max_problem_statement_chars=config["dataset"]["max_problem_statement_chars"],
     script:
         "../scripts/validate_split.py"
 
@@ -113,6 +114,7 @@ rule convert:
     params:
         shape=config["dataset"]["row_shape"],
         limit=config["dataset"]["limit"],
+        max_problem_statement_chars=config["dataset"]["max_problem_statement_chars"],
         provider=PROVIDER,
         harness=config["harness"],
         agent=config["agent"],

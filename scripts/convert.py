@@ -4,10 +4,6 @@ from sweflow.rulekit import from_snakemake
 from sweflow.stages import convert, convert_options, harness_from_config
 
 smk = snakemake  # noqa: F821
-# the rule's param when it has one, else the validated config's value (its schema default)
-max_chars = getattr(
-    smk.params, "max_problem_statement_chars", smk.config["dataset"].get("max_problem_statement_chars")
-)
 with from_snakemake(smk, f"{smk.scriptdir}/convert.py"):
     p = smk.params
     harness = harness_from_config(p.harness["package"], p.harness["extra_repos"], p.harness["extra_parsers"])
@@ -31,5 +27,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/convert.py"):
         harness=harness,
         shape=p.shape,
         limit=p.limit,
-        max_problem_statement_chars=max_chars,
+        max_problem_statement_chars=smk.params.max_problem_statement_chars,
     )

@@ -10,7 +10,7 @@ with from_snakemake(smk, f"{smk.scriptdir}/download.py"):
         smk.output.parquet,
         revision_file=smk.input.revision,
         filename=p.filename,
-        endpoint=p.endpoint,
+        endpoint=smk.config["dataset"]["hub"]["endpoint"],  # the param is redacted
         offline_dir=p.offline_dir,
         attempts=p.attempts,
         timeout=p.timeout,

@@ -4,10 +4,6 @@ from sweflow.rulekit import from_snakemake
 from sweflow.stages import validate_split
 
 smk = snakemake  # noqa: F821
-# the rule's param when it has one, else the validated config's value (its schema default)
-max_chars = getattr(
-    smk.params, "max_problem_statement_chars", smk.config["dataset"].get("max_problem_statement_chars")
-)
 with from_snakemake(smk, f"{smk.scriptdir}/validate_split.py"):
     validate_split(
         smk.input.parquet,
@@ -15,5 +11,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/validate_split.py"):
         split=smk.wildcards.split,
         expected_rows=smk.params.expected_rows,
         shape=smk.params.shape,
-        max_problem_statement_chars=max_chars,
+        max_problem_statement_chars=smk.params.max_problem_statement_chars,
     )

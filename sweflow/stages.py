@@ -24,7 +24,7 @@ from .datasets import (
 )
 from .errors import ConfigError, DatasetError
 from .images import ImageNaming, group_by_image, image_key
-from .util import atomic_write, atomic_write_json, read_json, write_if_changed
+from .util import atomic_write, atomic_write_json, read_json, redact, write_if_changed
 
 log = logging.getLogger("sweflow.stages")
 
@@ -78,7 +78,7 @@ def resolve_dataset(
     else:
         with hub_endpoint(endpoint) as url, _env(hub_endpoint_env(url)):
             sha = resolve_revision(repo_id, revision, endpoint=url, repo_type=repo_type, timeout=timeout)
-        source = "local-hub" if endpoint == "local" else (endpoint or "huggingface.co")
+        source = "local-hub" if endpoint == "local" else (redact(endpoint) if endpoint else "huggingface.co")
     rec = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "sha": sha, "source": source}
     write_if_changed(out, json.dumps(rec, sort_keys=True, indent=2) + "\n")
     log.info("%s@%s -> %s", repo_id, revision, sha)

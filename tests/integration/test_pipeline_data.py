@@ -71,6 +71,7 @@ def write_config(workdir: Path, url: str, **over) -> None:
                 "validation": {"file": "validation.parquet", "rows": 2},
             },
         },
+        "images": {"prefix": "sweflow-sample/sweb.eval.x86_64."},
         "harness": {"package": "swebench", "extra_repos": "sample"},
         "sandbox": {"provider": "docker", "prebuilt": True},
     }
@@ -253,7 +254,7 @@ def test_bad_input_fails_with_one_line_and_no_partial_output(
     assert not list(work.rglob(".*.tmp")) and not list(work.rglob("*.download"))
 
 
-def test_unknown_repo_row_fails_convert_naming_file_and_row(tmp_path, hub):
+def test_unknown_repo_row_is_skipped_and_reported_while_the_others_convert(tmp_path, hub):
     hub_root, url = hub
     rows = skyrl_rows("train")
     rows[4]["instance"] = {**rows[4]["instance"], "repo": "acme/unknown", "instance_id": "acme__unknown-5"}
@@ -265,8 +266,10 @@ def test_unknown_repo_row_fails_convert_naming_file_and_row(tmp_path, hub):
     work = tmp_path / "w"
     work.mkdir()
     write_config(work, url)
-    res = snakemake(work, "results/sample/train.jsonl", check=False)
-    assert res.returncode != 0
-    line = next(ln for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("sweflow: "))
-    assert "train.parquet: row 4" in line and "acme/unknown" in line
-    assert not (work / "results/sample/train.jsonl").exists()
+    snakemake(work, "results/sample/train.jsonl")
+    lines = (work / "results/sample/train.jsonl").read_text().splitlines()
+    ids = [json.loads(line)["metadata"]["instance_id"] for line in lines]
+    assert len(ids) == len(rows) - 1 and "acme__unknown-5" not in ids
+    (skip,) = json.loads((work / "results/sample/train.convert.json").read_text())["skipped"]
+    assert (skip["row"], skip["field"], skip["instance_id"]) == (4, "repo", "acme__unknown-5")
+    assert skip["file"].endswith("train.parquet") and "acme/unknown" in skip["reason"]

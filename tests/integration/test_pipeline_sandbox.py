@@ -38,6 +38,7 @@ def config(work, url, provider, **sandbox):
             "splits": {"validation": {"file": "validation.parquet", "rows": None}},
             "select_splits": ["validation"],
         },
+        "images": {"prefix": "sweflow-sample/sweb.eval.x86_64."},
         "harness": {"package": "swebench", "extra_repos": "sample"},
         "sandbox": {"provider": provider, "build_attempts": 1, **sandbox},
         "e2e": {"instance": "sweflow__calclib-4"},
