@@ -174,7 +174,7 @@ def convert_split(
             evaluator = harness.evaluator_command(
                 inst, timeout_sec=opts.eval_timeout_sec, marker=opts.reward_marker
             )
-            parser = harness.parser_for(inst["repo"])
+            parser = harness.parser_for_instance(inst)  # a 5.x row names its own
         except HarnessError as exc:
             harness_skips += 1
             skipped.append({**where, "field": exc.field or "repo", "reason": f"harness: {exc.problem}"})

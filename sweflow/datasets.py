@@ -41,6 +41,8 @@ OPTIONAL_FIELDS: dict[str, str] = {
     "created_at": "str",
     "environment_setup_commit": "str",
 }
+# swebench 5.x rows carry their own eval script and parser name: kept (as text) only when a row has them.
+ROW_SCRIPT_FIELDS = ("eval_script", "log_parser", "image", "eval_type")
 INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*__[A-Za-z0-9][A-Za-z0-9._-]*-[A-Za-z0-9._-]+$")
 
 
@@ -393,6 +395,12 @@ def check_instance(
             out[name] = _as_list(inst[name]) if kind == "list" else _as_str(inst[name], optional=optional)
         except _Bad as exc:
             bad(name, str(exc))
+    for name in ROW_SCRIPT_FIELDS:
+        if inst.get(name) is not None:
+            try:
+                out[name] = _as_str(inst[name], optional=True)
+            except _Bad as exc:
+                bad(name, str(exc))
     ok = {name for name in out}
     for name in ("instance_id", "repo", "base_commit", "version", "problem_statement"):
         if name in ok and not out[name].strip():

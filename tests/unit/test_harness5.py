@@ -61,6 +61,15 @@ out["program"] = json.loads(prog.stdout.split("=", 1)[1]) if prog.stdout else pr
 out["statuses"] = json.loads((d / "s.json").read_text())
 meta = {**row, "FAIL_TO_PASS": [f"{T}::test_new"], "PASS_TO_PASS": [f"{T}::test_old"]}  # lists, as metadata has
 out["host_resolved"] = HostGrader(h).grade(log, meta, 0).resolved
+from sweflow.convert import ConvertOptions, convert_split
+from sweflow.datasets import check_instance
+parquet_row = {**row, "patch": "", "problem_statement": "Fix it.", "hints_text": None}
+inst, problems = check_instance(parquet_row, index=0)
+opts = ConvertOptions(dataset="d", split="test", provider="docker")
+image = opts.naming.image_for(inst["instance_id"], inst["repo"])
+res = convert_split([inst], template_map={image: "tpl"}, failed_images={}, harness=h, opts=opts, source_file="f")
+out["convert"] = {"problems": [str(p) for p in problems], "skipped": res.skipped,
+                  "parser": res.rows[0]["metadata"]["harness"]["parser"] if res.rows else None}
 try:
     h.eval_script(swegym_rows()[9])
 except HarnessError as exc:
@@ -103,3 +112,8 @@ def test_a_swegym_row_without_eval_script_is_one_clear_line(probe):
     msg = probe["gym_error"]
     assert "Project-MONAI__MONAI-5710" in msg and "eval_script" in msg and "\n" not in msg
     assert "builds eval scripts only from rows that carry eval_script and log_parser" in msg
+
+
+def test_a_5x_row_converts_and_keeps_its_own_parser(probe):
+    # the row names parse_log_pytest; the repo table would say parse_log_pytest_v2
+    assert probe["convert"] == {"problems": [], "skipped": [], "parser": "parse_log_pytest"}
