@@ -68,6 +68,7 @@ def test_validation_rules_on_two_tasks(tmp_path):
                 "hub": {"endpoint": url},
                 "splits": {"validation": {"file": "validation.parquet", "rows": 2}},
             },
+            "images": {"prefix": "sweflow-sample/sweb.eval.x86_64."},
             "harness": {"package": "swebench", "extra_repos": "sample"},
             "sandbox": {"provider": "docker", "prebuilt": True},
             "validation": {"repeats": 2, "parallel": 1},
@@ -82,12 +83,19 @@ def test_validation_rules_on_two_tasks(tmp_path):
         assert out.count("rule validate_task:") == 2 and "checkpoint validation_tasks:" in out
         res = work / "results/sample/validation"
         summary = json.loads((res / "validation-summary.json").read_text())
-        assert (summary["tasks"], summary["valid"], summary["broken"]) == (2, 2, [])
+        assert (summary["tasks"], summary["valid"], summary["broken"], summary["errors"]) == (2, 2, [], [])
         for iid in ids:
             rec = json.loads((res / "validation" / f"{iid}.json").read_text())
             assert rec["verdict"] == "valid" and rec["provider"] == "docker" and len(rec["runs"]) == 4
             task = json.loads((work / f"results/sample/validation/validation-tasks/{iid}.json").read_text())
             assert task["gold_patch"] == load_task(iid)["patch"]
+            from sweflow.evaluate import read_evidence
+
+            evidence = read_evidence(res / "validation" / f"{iid}.evidence.jsonl.gz")
+            assert sorted((e["patch"], e["run"]) for e in evidence) == sorted(
+                (r["patch"], r["run"]) for r in rec["runs"]
+            )
+            assert all(e["log"] and e["statuses"] for e in evidence), "every run's whole log and status map"
             assert (work / f"logs/sample/validate_task/validation/{iid}.log").exists()
         jsonl = (work / "results/sample/validation.jsonl").read_text()
         assert (res / "tasks.valid.jsonl").read_text() == jsonl
