@@ -25,7 +25,10 @@ evaluation could not run: a provider fault (fresh_eval_exception), the provider'
 the eval process was killed from outside (sandbox_lost), or the log of a trusted patch (validation's gold and
 empty) lacks the harness's start marker while the script ended on its own (eval_not_run: it never reached
 the test command). Callers retry or
-abort; they never give reward 0 for these. The test command running past its own ``timeout`` (exit
+abort; they never give reward 0 for these. One exception, for an agent's patch only
+(``evaluate_agent_patch``): when the sandbox is lost or the deadline passes on every retry while a control
+sandbox of the same template starts and answers, the patch is what broke the evaluation, and that is a
+grade (patch_defeated_evaluation, reward 0). The test command running past its own ``timeout`` (exit
 124/137 from the eval script, the sandbox alive) is a grade: ``eval_timeout``, not resolved, as upstream.
 
 Network: a fresh sandbox is offline unless ``network`` says otherwise (``eval_network`` reads the
@@ -82,6 +85,10 @@ SANDBOX_LOST = "sandbox_lost"
 EVAL_NOT_RUN = "eval_not_run"
 # Reasons that say nothing about the patch or the task: the evaluation itself did not happen.
 INFRA_REASONS = (FRESH_EVAL_EXCEPTION, FRESH_EVAL_TIMEOUT, SANDBOX_LOST, EVAL_NOT_RUN)
+# An agent's patch whose every evaluation lost its sandbox or ran past the deadline while the provider
+# itself was healthy: a grade (reward 0), or the agent could turn a 0 into an aborted sample by crashing
+# its own grader (see evaluate_agent_patch).
+PATCH_DEFEATED_EVALUATION = "patch_defeated_evaluation"
 # Networks a fresh evaluation may get: offline, or the provider's outbound network.
 NETWORK_MODES = ("none", "internet")
 
@@ -95,6 +102,7 @@ EVAL_TIMEOUT = 1200
 __all__ = [
     "EMPTY_GENERATION",
     "INFRA_REASONS",
+    "PATCH_DEFEATED_EVALUATION",
     "PROHIBITED_TEST_INFRASTRUCTURE",
     "PROHIBITED_TEST_MODIFICATION",
     "SUSPICIOUS_TEST_TAMPERING",
@@ -102,6 +110,7 @@ __all__ = [
     "PatchResult",
     "check_patch",
     "eval_network",
+    "evaluate_agent_patch",
     "evaluate_patch",
     "extract_patch",
     "write_evidence",
@@ -451,6 +460,86 @@ def evaluate_patch(
                 log.warning("killing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
             timings["kill_s"] = round(time.monotonic() - t3, 3)
         timings["total_s"] = round(time.monotonic() - t0, 3)
+
+
+def evaluate_agent_patch(
+    provider: Provider,
+    template: str,
+    metadata: dict,
+    patch: str,
+    *,
+    attempts: int = 2,
+    backoff: float = 5.0,
+    network: str | None = None,
+    sleep: Any = time.sleep,
+    **options: Any,
+) -> EvalResult:
+    """``evaluate_patch`` for an agent's (untrusted) patch: infrastructure failures are retried in new
+    sandboxes (``attempts`` in all, ``backoff`` seconds doubling). If every try lost its sandbox or passed
+    the deadline and the patch is not empty, a control sandbox of ``template`` is started and asked to
+    answer: when it does, the provider is healthy and the patch itself defeated its evaluation (code that
+    kills the sandbox, hangs past every timeout): reward 0, patch_defeated_evaluation. When the control
+    fails too, the result stays an infrastructure failure (the sample is aborted, never graded)."""
+    tries: list[EvalResult] = []
+    for i in range(max(1, attempts)):
+        res = evaluate_patch(provider, template, metadata, patch, network=network, **options)
+        if not res.infra:
+            return res
+        tries.append(res)
+        log.warning(
+            "fresh evaluation of %s, try %d/%d: %s (%s)",
+            metadata.get("instance_id"),
+            i + 1,
+            attempts,
+            res.failure_reason,
+            res.error,
+        )
+        if i + 1 < attempts:
+            sleep(backoff * 2**i)
+    defeated = {SANDBOX_LOST, FRESH_EVAL_TIMEOUT}
+    if patch.strip() and all(r.failure_reason in defeated for r in tries):
+        healthy, why = _provider_answers(provider, template, network)
+        if healthy:
+            last = tries[-1]
+            detail = "; ".join(f"try {n + 1}: {r.failure_reason}: {r.error}" for n, r in enumerate(tries))
+            log.warning(
+                "fresh evaluation of %s: the patch defeated it (%s)", metadata.get("instance_id"), detail
+            )
+            return EvalResult(
+                0.0,
+                False,
+                PATCH_DEFEATED_EVALUATION,
+                None,
+                _bounded(f"{detail}\n{last.output_tail}"),
+                last.timings,
+                None,
+                exit_code=last.exit_code,
+                log=last.log,
+            )
+        log.warning("control sandbox of %s failed too (%s): infrastructure", template, why)
+    return tries[-1]
+
+
+def _provider_answers(provider: Provider, template: str, network: str | None) -> tuple[bool, str]:
+    """Whether a new sandbox of ``template`` starts and runs a command (the provider is healthy)."""
+    sb: Sandbox | None = None
+    try:
+        sb = provider.create(
+            template,
+            timeout=300,
+            metadata={"purpose": "control"},
+            **({"network": network} if network is not None else {}),
+        )
+        r = sb.run("echo sweflow-control", timeout=60)
+        return (r.ok and "sweflow-control" in r.stdout), f"exit {r.exit_code}"
+    except Exception as exc:  # noqa: BLE001 - any fault means the provider is not healthy
+        return False, f"{type(exc).__name__}: {exc}"
+    finally:
+        if sb is not None:
+            try:
+                sb.kill()
+            except Exception as exc:  # noqa: BLE001 - a leak is logged, the answer stands
+                log.warning("killing control sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
 
 
 def _alive(sb: Sandbox) -> bool:

@@ -1,7 +1,7 @@
 """The fresh-sandbox evaluation as the dispatcher sees it: extract the agent's patch, grade it elsewhere.
 
 `Evaluator` is the Protocol; `FreshEvaluator` delegates to `sweflow.evaluate` (extract_patch /
-evaluate_patch). Unit tests pass their own evaluator; everything else should use FreshEvaluator.
+evaluate_agent_patch: infrastructure failures retried, a patch that defeats its own evaluation graded 0). Unit tests pass their own evaluator; everything else should use FreshEvaluator.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class FreshEvaluator:
         return extract_patch(sb, base_commit)
 
     def evaluate_patch(self, provider: Provider, template: str, metadata: dict[str, Any], patch: str) -> Any:
-        from sweflow.evaluate import eval_network, evaluate_patch
+        from sweflow.evaluate import eval_network, evaluate_agent_patch
 
         net = eval_network(self.network, str(metadata.get("repo") or ""))
-        return evaluate_patch(provider, template, metadata, patch, network=net, **self.options)
+        return evaluate_agent_patch(provider, template, metadata, patch, network=net, **self.options)

@@ -528,3 +528,75 @@ def test_e2b_network_becomes_allow_internet_access(monkeypatch):
         with pytest.raises(SandboxError):
             prov.create("tpl", timeout=60, network=network)
     assert [c.get("allow_internet_access", "default") for c in calls] == ["default", False, True]
+
+
+class SequenceProvider:
+    """Hands out the given sandboxes (or raises the given exceptions) in order; records each create."""
+
+    name = "fake"
+
+    def __init__(self, *items):
+        self.items = list(items)
+        self.created: list[dict] = []
+
+    def create(self, template, *, timeout, env=None, metadata=None, **kw):
+        self.created.append({"template": template, "metadata": metadata, **kw})
+        item = self.items.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def _dying():  # the sandbox is gone when the eval ends (the patch's code killed it, or the host did)
+    return FakeSandbox(log="", exit_code=137, rules=[("sweflow-alive", SandboxError("gone"))])
+
+
+def _control():
+    return FakeSandbox(rules=[("sweflow-control", CommandResult(0, "sweflow-control\n", ""))])
+
+
+def _no_sleep(_s):
+    return None
+
+
+def test_an_agent_patch_that_kills_every_sandbox_while_the_provider_is_healthy_is_graded_zero():
+    from sweflow.evaluate import PATCH_DEFEATED_EVALUATION, evaluate_agent_patch
+
+    prov = SequenceProvider(_dying(), _dying(), _control())
+    res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, sleep=_no_sleep)
+    assert (res.failure_reason, res.infra, res.reward) == (PATCH_DEFEATED_EVALUATION, False, 0.0)
+    assert [c["metadata"]["purpose"] for c in prov.created] == ["fresh_eval", "fresh_eval", "control"]
+    assert "try 1: sandbox_lost" in res.output_tail and "try 2: sandbox_lost" in res.output_tail
+
+
+def test_an_agent_patch_survives_one_lost_sandbox_and_is_graded_on_the_retry():
+    from sweflow.evaluate import evaluate_agent_patch
+
+    slept = []
+    prov = SequenceProvider(_dying(), FakeSandbox(log=pytest_log(ALL_PASS)))
+    res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, backoff=3.0, sleep=slept.append)
+    assert (res.resolved, res.reward, res.infra) == (True, 1.0, False) and slept == [3.0]
+    assert len(prov.created) == 2
+
+
+def test_when_the_control_sandbox_fails_too_it_stays_infrastructure():
+    from sweflow.evaluate import evaluate_agent_patch
+
+    for control in (
+        SandboxError("provider down"),
+        FakeSandbox(rules=[("sweflow-control", SandboxError("x"))]),
+    ):
+        prov = SequenceProvider(_dying(), _dying(), control)
+        res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, sleep=_no_sleep)
+        assert (res.failure_reason, res.infra) == ("sandbox_lost", True)
+
+
+def test_provider_faults_and_empty_patches_are_never_blamed_on_the_patch():
+    from sweflow.evaluate import evaluate_agent_patch
+
+    prov = SequenceProvider(SandboxError("create failed"), SandboxError("create failed"), _control())
+    res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, sleep=_no_sleep)
+    assert (res.failure_reason, res.infra) == ("fresh_eval_exception", True) and len(prov.created) == 2
+    prov = SequenceProvider(_dying(), _dying(), _control())
+    res = evaluate_agent_patch(prov, "tpl", META, "", attempts=2, sleep=_no_sleep)
+    assert (res.failure_reason, res.infra) == ("sandbox_lost", True) and len(prov.created) == 2

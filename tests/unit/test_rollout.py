@@ -316,10 +316,12 @@ def test_fresh_evaluator_gives_each_row_its_configured_network():
     from tests.unit.test_evaluate import META
 
     prov = Prov()
-    ev = FreshEvaluator(network={"eval": "none", "eval_repos": {META["repo"]: "internet"}})
+    ev = FreshEvaluator(
+        network={"eval": "none", "eval_repos": {META["repo"]: "internet"}}, sleep=lambda _s: None
+    )
     res = ev.evaluate_patch(
         prov, "tpl", dict(META), "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
     )
     assert res.infra and res.reward == 0.0
-    FreshEvaluator().evaluate_patch(prov, "tpl", {**META, "repo": "other/repo"}, "")
-    assert prov.networks == ["internet", "none"]
+    FreshEvaluator(attempts=1).evaluate_patch(prov, "tpl", {**META, "repo": "other/repo"}, "")
+    assert prov.networks == ["internet", "internet", "none"]  # an infrastructure failure is retried
