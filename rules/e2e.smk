@@ -12,6 +12,7 @@ rule e2e_check:
         jsonl=expand("results/{{dataset}}/{split}/tasks.valid.jsonl", split=SPLITS),
     output:
         report="results/{dataset}/e2e/{instance_id}.json",
+        evidence="results/{dataset}/e2e/{instance_id}.evidence.jsonl.gz",
     log:
         "logs/{dataset}/e2e_check/{instance_id}.log",
     wildcard_constraints:

@@ -12,4 +12,6 @@ with from_snakemake(smk, f"{smk.scriptdir}/e2e_check.py"):
         instance_id=smk.wildcards.instance_id,
         provider=provider_from_config(smk.params.provider, smk.params.sandbox),
         tokenizer=load_tokenizer(smk.params.tokenizer),
+        evidence_out=smk.output.evidence,
+        network=smk.params.sandbox.get("network"),
     )

@@ -169,8 +169,10 @@ def run_policy(
     tokenizer: Any,
     evaluator: Evaluator | None = None,
     config: RolloutConfig | None = None,
+    evidence: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One rollout of `row` with `policy` behind a fresh proxy; the report entry for that policy."""
+    """One rollout of `row` with `policy` behind a fresh proxy; the report entry for that policy. The
+    grading's evidence record (whole log, status map) is appended to `evidence` when given."""
     engine = ScriptedEngine(policy, tokenizer)
     with ProxyServer(engine, tokenizer, ProxyConfig(max_new_tokens=4096), host="127.0.0.1", port=0) as proxy:
         cfg = config or RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{policy.name}.")
@@ -178,6 +180,8 @@ def run_policy(
         dispatcher = Dispatcher(provider, client, evaluator=evaluator, config=cfg)
         result = dispatcher.run_sample(dict(row), 0)
         stop_text = tokenizer.decode([proxy.stop_ids[0]]) if proxy.stop_ids else ""
+    if evidence is not None:
+        evidence.append(result.evidence_record(policy=policy.name))
     ok, expected = expectation(policy.name, result)
     checks = token_checks(result, policy, tokenizer, stop_text)
     tokens_ok = checks["lengths_equal"] and checks["outputs_match"] and checks["logprobs_match"]
@@ -209,8 +213,11 @@ def e2e_check(
     tokenizer: Any,
     evaluator: Evaluator | None = None,
     policies: Sequence[str] = POLICIES,
+    evidence: list[dict[str, Any]] | None = None,
+    network: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the scripted policies on one training row; {instance_id, template, provider, ok, policies}."""
+    """Run the scripted policies on one training row; {instance_id, template, provider, ok, policies}.
+    `network` is the ``sandbox.network`` section for the fresh evaluations."""
     meta = row.get("metadata") or {}
     instance_id = str(meta.get("instance_id"))
     workdir = str(
@@ -221,7 +228,18 @@ def e2e_check(
     for name in policies:
         policy = makers[name](instance_id, tokenizer, workdir)
         log.info("e2e %s: policy %s (%d scripted turns)", instance_id, name, len(policy.turns))
-        report[name] = run_policy(row, policy, provider=provider, tokenizer=tokenizer, evaluator=evaluator)
+        cfg = RolloutConfig(
+            max_concurrency=1, session_prefix=f"e2e-{name}.", eval_network=dict(network or {})
+        )
+        report[name] = run_policy(
+            row,
+            policy,
+            provider=provider,
+            tokenizer=tokenizer,
+            evaluator=evaluator,
+            config=cfg,
+            evidence=evidence,
+        )
         log.info(
             "e2e %s: %s -> %s reward=%s reason=%s ok=%s",
             instance_id,
@@ -275,18 +293,26 @@ def e2e_stage(
     provider: Provider,
     tokenizer: Any,
     strict: bool = True,
+    evidence_out: str | os.PathLike | None = None,
+    network: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The rule's body: find the row, run both policies, write the report; EvalError when a check failed.
 
     With `strict`, a failed check raises (after logging the full report) and nothing is written.
+    `evidence_out`: every grading's whole log and status map, gzip JSON lines (one per policy).
     """
     row = find_row(jsonl_files, instance_id)
-    report = e2e_check(row, provider=provider, tokenizer=tokenizer)
+    evidence: list[dict[str, Any]] = []
+    report = e2e_check(row, provider=provider, tokenizer=tokenizer, evidence=evidence, network=network)
     if strict and not report["ok"]:
         log.error("e2e report: %s", json.dumps(report, sort_keys=True))
         bad = [f"{k}: {v['status']} reward={v['reward']} reason={v['failure_reason']} error={v['error']}"
                for k, v in report["policies"].items() if not v["ok"]]  # fmt: skip
         raise EvalError("end-to-end check failed: " + "; ".join(bad), file=str(out), row=instance_id)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
+    if evidence_out is not None:
+        from .evaluate import write_evidence
+
+        write_evidence(evidence_out, evidence)
     atomic_write_json(out, report)
     return report

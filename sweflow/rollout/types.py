@@ -102,28 +102,28 @@ class RolloutResult:
         out.pop("evaluation_log")
         return out
 
+    def evidence_record(self, **labels: Any) -> dict[str, Any]:
+        """The grading's evidence: ``labels``, the outcome, the status map and the whole log."""
+        ev = self.evaluation
+        return {
+            **labels,
+            "instance_id": self.instance_id,
+            "group_index": self.group_index,
+            "session_id": self.session_id,
+            "status": self.status,
+            "failure_reason": ev.get("failure_reason"),
+            "resolved": ev.get("resolved", False),
+            "error": ev.get("error"),
+            "exit_code": ev.get("exit_code"),
+            "statuses": dict(sorted((ev.get("statuses") or {}).items())),
+            "log": self.evaluation_log,
+        }
+
     def write_evidence(self, path: str) -> None:
-        """The grading's evidence (whole log, status map, outcome) as one gzip JSON line (byte-stable)."""
+        """``evidence_record()`` as one gzip JSON line (byte-stable for the same record)."""
         from sweflow.evaluate import write_evidence
 
-        ev = self.evaluation
-        write_evidence(
-            path,
-            [
-                {
-                    "instance_id": self.instance_id,
-                    "group_index": self.group_index,
-                    "session_id": self.session_id,
-                    "status": self.status,
-                    "failure_reason": ev.get("failure_reason"),
-                    "resolved": ev.get("resolved", False),
-                    "error": ev.get("error"),
-                    "exit_code": ev.get("exit_code"),
-                    "statuses": dict(sorted((ev.get("statuses") or {}).items())),
-                    "log": self.evaluation_log,
-                }
-            ],
-        )
+        write_evidence(path, [self.evidence_record()])
 
 
 def patch_stats(patch: str) -> dict[str, Any]:

@@ -153,6 +153,17 @@ def test_e2e_both_policies_with_the_local_provider(task, tokenizer, tmp_path):
     jsonl = tmp_path / "train.jsonl"
     jsonl.write_text(jsonl_line(training_row(task, rec["template"], "local")))
     out = tmp_path / "e2e" / f"{INSTANCE}.json"
-    report = e2e_stage([jsonl], out, instance_id=INSTANCE, provider=provider, tokenizer=tokenizer)
+    evidence = tmp_path / "e2e" / f"{INSTANCE}.evidence.jsonl.gz"
+    report = e2e_stage(
+        [jsonl], out, instance_id=INSTANCE, provider=provider, tokenizer=tokenizer, evidence_out=evidence
+    )
     check_report(report, out)
     assert report["provider"] == "local"
+    from sweflow.evaluate import read_evidence
+
+    gold, tamper = read_evidence(evidence)
+    assert (gold["policy"], gold["resolved"], gold["failure_reason"]) == ("gold", True, None)
+    assert set(gold["statuses"]) >= set(task["inst"]["FAIL_TO_PASS"]) and "PASSED" in gold["log"]
+    assert all(v == "PASSED" for k, v in gold["statuses"].items() if k in task["inst"]["FAIL_TO_PASS"])
+    # the test-editing patch is refused before any sandbox: no log, reason kept
+    assert tamper["policy"] == "test_edit" and not tamper["resolved"] and tamper["log"] == ""
