@@ -65,6 +65,7 @@ _MARKER_KEYS = (
     "test_exit_code",
     "eval_returncode",
     "failed_tests",
+    "failure_detail",
 )
 
 
@@ -180,8 +181,14 @@ def decide(
 
 
 def _reasons(runs: list[dict[str, Any]]) -> str:
-    counts = Counter(r["failure_reason"] for r in runs if not r["resolved"])
-    return ", ".join(f"{k}" if n == 1 else f"{k} x{n}" for k, n in sorted(counts.items()))
+    """Reason codes with counts, then the first failed run's detail (every failing test counted)."""
+    failed = [r for r in runs if not r["resolved"]]
+    counts = Counter(r["failure_reason"] for r in failed)
+    codes = ", ".join(f"{k}" if n == 1 else f"{k} x{n}" for k, n in sorted(counts.items()))
+    detail = next(
+        (r["marker"]["failure_detail"] for r in failed if (r.get("marker") or {}).get("failure_detail")), None
+    )
+    return f"{codes} — {detail}" if detail else codes
 
 
 def validate_task(

@@ -145,7 +145,9 @@ class Provider(Protocol):
 
         ``egress`` ("host:port" on the caller's machine, normally the token-recording proxy) is the only
         endpoint outside the sandbox that its processes may reach; ``sandbox.egress_url`` says where it
-        appears inside. Without it the sandbox reaches nothing outside itself.
+        appears inside. Without it the sandbox reaches nothing outside itself. Providers also take
+        ``network`` ("none", the default, or "internet"): the fresh evaluation's outbound network
+        (``sandbox.network``), refused for sandboxes that run a server or have an egress (the agent's).
         """
 
 

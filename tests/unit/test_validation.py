@@ -307,3 +307,15 @@ def test_the_evidence_file_holds_every_evaluation_and_the_network_reaches_evalua
         ("gold", 1, "+ cd /testbed\n"), ("gold", 2, "LOG"), ("empty", 1, "LOG")
     ]  # fmt: skip
     assert recs[2]["statuses"] == {"t::a": "FAILED"} and recs[2]["exit_code"] == 1
+
+
+def test_a_failed_verdict_carries_the_detail_that_counts_every_failing_test():
+    detail = "pass_to_pass_regression: 71 of 159 (t1=FAILED, t2=ERROR, t3=FAILED, +68 more)"
+    gold = [
+        {**run("gold", 0, False, "pass_to_pass_regression"), "marker": {"failure_detail": detail}},
+        {**run("gold", 1, False, "pass_to_pass_regression"), "marker": {"failure_detail": detail}},
+    ]
+    assert decide(gold, runs("empty", False, False)) == (
+        "gold_fails",
+        f"pass_to_pass_regression x2 — {detail}",
+    )
