@@ -50,8 +50,6 @@ rule validation_summary:
     input:
         jsonl="results/{dataset}/{split}.jsonl",
         results=validation_results,
-    params:
-        tasks="results/{dataset}/{split}/validation-tasks",
     output:
         summary="results/{dataset}/{split}/validation-summary.json",
         valid="results/{dataset}/{split}/tasks.valid.jsonl",
@@ -59,5 +57,7 @@ rule validation_summary:
         "logs/{dataset}/validation_summary/{split}.log",
     conda:
         "../envs/agent.yaml"
+    params:
+        tasks="results/{dataset}/{split}/validation-tasks",
     script:
         "../scripts/validation_summary.py"
