@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from sweflow.evaluate import evaluate_patch
+from sweflow.evaluate import evaluate_agent_patch, evaluate_patch
 from sweflow.integrity import IntegrityRules
 from sweflow.sample import load_task
 
@@ -159,13 +159,23 @@ CHECKED_ATTACKS = {
 # Run-time attacks with the tamper scan off: the host grade must still say no, for a named reason.
 RUNTIME_ATTACKS = {
     "forge_marker_daemon": (forge_marker_daemon, {"log_contradicts_exit_code", "fail_to_pass_failure"}),
-    "kill_the_evaluation": (kill_the_evaluation, {"eval_timeout", "no_tests_parsed", "fail_to_pass_failure"}),
+    # Docker: container root kills the keep-alive too; the sandbox is lost on every try while a control
+    # sandbox answers, so the patch defeated its grading (reward 0), never an aborted sample.
+    "kill_the_evaluation": (
+        kill_the_evaluation,
+        {"eval_timeout", "no_tests_parsed", "fail_to_pass_failure", "patch_defeated_evaluation"},
+    ),
     "forged_passed_lines": (forged_passed_lines, {"log_contradicts_exit_code", "fail_to_pass_failure"}),
 }
 
 
-def _evaluate(env, inst, patch, **kw):
-    res = evaluate_patch(env.provider, env.templates[TASK], env.meta(inst), patch, sandbox_timeout=300, **kw)
+def _evaluate(env, inst, patch, *, agent=False, **kw):
+    """One fresh evaluation; ``agent``: the rollouts' path (infrastructure failures retried, a patch that
+    loses every sandbox while the provider is healthy graded 0)."""
+    if agent:
+        kw.update(attempts=2, backoff=0.5)
+    run = evaluate_agent_patch if agent else evaluate_patch
+    res = run(env.provider, env.templates[TASK], env.meta(inst), patch, sandbox_timeout=300, **kw)
     assert res.error is None, res.error  # an infrastructure fault is not a verdict about the attack
     return res
 
@@ -186,8 +196,8 @@ def test_attack_is_refused_with_a_named_reason(env, task, name):
 @pytest.mark.parametrize("name", sorted(RUNTIME_ATTACKS))
 def test_runtime_attack_fails_on_host_grading_alone(env, task, name):
     make, reasons = RUNTIME_ATTACKS[name]
-    res = _evaluate(env, task, make(env, task), rules=NO_TAMPER_SCAN)
-    assert (res.reward, res.resolved) == (0.0, False), res.marker
+    res = _evaluate(env, task, make(env, task), agent=True, rules=NO_TAMPER_SCAN)
+    assert (res.reward, res.resolved, res.infra) == (0.0, False, False), res.marker
     assert res.failure_reason in reasons, (res.failure_reason, res.output_tail[-1500:])
 
 
