@@ -2,7 +2,8 @@
 
 `FakeE2B` starts the fake E2B control plane and the fake envd on 127.0.0.1 and gives the
 connection settings (`api_params()` for explicit kwargs, `env()` for E2B_* variables) that point
-the real e2b SDK at them.
+the real e2b SDK at them. `anthropic_stub.AnthropicStub` is a scripted Anthropic Messages API that the
+real Claude Code CLI talks to.
 """
 
 from __future__ import annotations

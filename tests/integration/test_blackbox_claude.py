@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sweflow.anthropic_stub import AnthropicStub, text, tool_use, turn
+from tests.fakes.anthropic_stub import AnthropicStub, text, tool_use, turn
 from sweflow.blackbox import BlackboxServer
 
 CLAUDE = os.environ.get("SWEFLOW_CLAUDE_BIN") or shutil.which("claude")

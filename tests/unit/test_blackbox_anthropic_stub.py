@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-from sweflow.anthropic_stub import EXHAUSTED_TEXT, AnthropicStub, load_policy, text, tool_use, turn
+from tests.fakes.anthropic_stub import EXHAUSTED_TEXT, AnthropicStub, load_policy, text, tool_use, turn
 
 READ_TOOL = {
     "name": "Read",

@@ -413,11 +413,11 @@ def test_execute_cmd_timeout_kills_the_command(env, tmp_path):
 
 def test_blackbox_imports_only_the_standard_library():
     code = (
-        "import sys, sweflow.blackbox, sweflow.blackbox.__main__, sweflow.anthropic_stub;"
+        "import sys, sweflow.blackbox, sweflow.blackbox.__main__;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names"
         " and m.split('.')[0] not in ('sweflow', '__main__'));"
         "extra = sorted(m for m in sys.modules if m.startswith('sweflow') and m != 'sweflow'"
-        " and not m.startswith(('sweflow.blackbox', 'sweflow.anthropic_stub')));"
+        " and not m.startswith('sweflow.blackbox'));"
         "print(bad + extra)"
     )
     out = subprocess.run(

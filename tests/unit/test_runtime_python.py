@@ -12,7 +12,7 @@ import pytest
 import sweflow
 
 PKG = Path(sweflow.__file__).parent
-RUNTIME_FILES = sorted([PKG / "__init__.py", PKG / "anthropic_stub.py", *(PKG / "blackbox").glob("*.py")])
+RUNTIME_FILES = sorted([PKG / "__init__.py", *(PKG / "blackbox").glob("*.py")])
 
 
 @pytest.mark.parametrize("path", RUNTIME_FILES, ids=lambda p: p.name)
@@ -34,6 +34,4 @@ def test_runtime_module_imports_only_the_standard_library(path):
             top = name.split(".")[0]
             assert top in sys.stdlib_module_names or top == "sweflow", f"{path.name} imports {name}"
             if top == "sweflow":
-                assert name.startswith(("sweflow.blackbox", "sweflow.anthropic_stub")) or name == "sweflow", (
-                    name
-                )
+                assert name.startswith("sweflow.blackbox") or name == "sweflow", name

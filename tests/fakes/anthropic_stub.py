@@ -1,4 +1,4 @@
-"""A scripted stand-in for the Anthropic Messages API, for tests and demos.
+"""A scripted stand-in for the Anthropic Messages API, for tests (a test fake, not part of the library).
 
 The stub answers `POST /v1/messages` (SSE streaming or plain JSON) and `POST /v1/messages/count_tokens`
 from a *policy*: a list of assistant turns, each a list of content blocks (text / tool_use). Every agent
@@ -6,7 +6,7 @@ request (one that carries `tools`) takes the next turn; side requests without to
 and do not consume the script. Once the script is exhausted the stub ends the conversation with a text
 turn. Every request is recorded (path, bearer token, body) so tests can check what the agent sent.
 
-Standard library only: it runs inside sandboxes next to the blackbox server.
+Standard library only, so it can also run inside a sandbox next to the blackbox server.
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def _make_handler(state: _State) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m sweflow.anthropic_stub --policy policy.json [--port N]`: serve a policy until interrupted."""
+    """`python -m tests.fakes.anthropic_stub --policy policy.json [--port N]`: serve a policy until interrupted."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", required=True, help="JSON file: a list of turns")
     parser.add_argument("--host", default="127.0.0.1")
