@@ -1,6 +1,6 @@
 """Snakemake entry point: one byte-stable record per task image, plus the ordered image list."""
 
-from sweflow.images import ImageNaming
+from sweflow.dataset.images import ImageNaming
 from sweflow.rulekit import from_snakemake
 from sweflow.stages import list_images
 

@@ -13,17 +13,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .datasets import (
-    apply_limit,
-    copy_offline,
-    download_file,
-    hub_endpoint_env,
-    is_sha,
-    load_split,
-    resolve_revision,
-)
+from .dataset.hub_client import copy_offline, download_file, hub_endpoint_env, is_sha, resolve_revision
+from .dataset.images import ImageNaming, group_by_image, image_key
+from .dataset.splits import apply_limit, load_split
 from .errors import ConfigError, DatasetError
-from .images import ImageNaming, group_by_image, image_key
 from .util import atomic_write, atomic_write_json, read_json, redact, write_if_changed
 
 log = logging.getLogger("sweflow.stages")
@@ -38,10 +31,10 @@ def hub_endpoint(
     if endpoint != "local":
         yield endpoint
         return
-    from . import hub
+    from .dataset import local_hub
 
-    hub.publish_sample(store_root)
-    with hub.serve(hub.HubStore(store_root)) as url:
+    local_hub.publish_sample(store_root)
+    with local_hub.serve(local_hub.HubStore(store_root)) as url:
         yield url
 
 
@@ -269,7 +262,7 @@ def convert(
 ) -> dict[str, Any]:
     """Convert one split to the training JSONL (atomic, byte-identical on rerun) and write a report listing
     each skipped row (file, row, field, reason: a failed template build or a row the harness cannot handle)."""
-    from .convert import convert_split, rows_to_jsonl
+    from .dataset.convert import convert_split, rows_to_jsonl
 
     instances, _ = load_split(
         parquet, split=opts.split, shape=shape, max_problem_statement_chars=max_problem_statement_chars
@@ -315,7 +308,7 @@ def convert_options(
     harness: Any,
 ):
     """ConvertOptions from the validated config sections."""
-    from .convert import ConvertOptions
+    from .dataset.convert import ConvertOptions
 
     backend = dict(agent_cfg.get("backend_options", {}))
     return ConvertOptions(

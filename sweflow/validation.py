@@ -86,7 +86,7 @@ def read_jsonl_rows(path: str | os.PathLike) -> list[tuple[str, str]]:
 
 def gold_patches(parquet: str | os.PathLike, *, split: str, shape: str = "auto") -> dict[str, str]:
     """instance_id -> gold patch, read from the split parquet (the JSONL never carries it)."""
-    from .datasets import load_split
+    from .dataset.splits import load_split
 
     instances, _ = load_split(parquet, split=split, shape=shape)
     return {i["instance_id"]: i.get("patch") or "" for i in instances}

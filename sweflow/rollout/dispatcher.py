@@ -1,6 +1,6 @@
 """One rollout sample end to end, and groups of them under a concurrency limit.
 
-For a training row (see sweflow.convert) and a group index, `Dispatcher.run_sample`:
+For a training row (see sweflow.dataset.convert) and a group index, `Dispatcher.run_sample`:
 sandbox from the row's template (its only egress: the proxy, when the proxy listens on loopback) ->
 blackbox /health -> proxy session (its token) -> register the agent (router = the proxy as the sandbox
 sees it, bearer = the session's token, the row's backend options; every blackbox call carries the

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sweflow.convert import ConvertOptions, convert_instance
+from sweflow.dataset.convert import ConvertOptions, convert_instance
 from sweflow.sample import instance_ids, load_task, materialize_repo
 
 ALL_IDS = instance_ids(None)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.anthropic_stub import AnthropicStub, text, tool_use, turn
 from sweflow.blackbox import BlackboxServer
+from tests.fakes.anthropic_stub import AnthropicStub, text, tool_use, turn
 
 CLAUDE = os.environ.get("SWEFLOW_CLAUDE_BIN") or shutil.which("claude")
 

@@ -72,7 +72,7 @@ def task(tmp_path_factory):
 
 
 def training_row(task, template: str, provider: str) -> dict:
-    from sweflow.convert import ConvertOptions, convert_instance
+    from sweflow.dataset.convert import ConvertOptions, convert_instance
 
     opts = ConvertOptions(
         dataset="sample",

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from sweflow.dataset.sanitizer import SANITIZER_OK
 from sweflow.evaluate import evaluate_patch, extract_patch
 from sweflow.harness.grader import HostGrader
 from sweflow.harness.standalone import WORKDIR
 from sweflow.reward import parse_marker
 from sweflow.sample import load_task
-from sweflow.sanitizer import SANITIZER_OK
 
 try:  # the fixture helpers are imported explicitly (no shared conftest)
     from tests.integration.conftest_validation import docker_env, local_env

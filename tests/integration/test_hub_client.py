@@ -10,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from sweflow.hub import HubStore, publish_sample, serve
+from sweflow.dataset.local_hub import HubStore, publish_sample, serve
 
 hf = pytest.importorskip("huggingface_hub")
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download  # noqa: E402

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweflow.hub import HubStore, publish_sample, serve
+from sweflow.dataset.local_hub import HubStore, publish_sample, serve
 from sweflow.sample import skyrl_rows, write_parquet
 
 pytestmark = pytest.mark.integration

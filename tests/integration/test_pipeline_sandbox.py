@@ -11,7 +11,7 @@ import pytest
 import yaml
 from test_pipeline_data import jobs_run, snakemake
 
-from sweflow.hub import HubStore, publish_sample, serve
+from sweflow.dataset.local_hub import HubStore, publish_sample, serve
 from sweflow.sample import skyrl_rows, write_parquet
 
 pytestmark = pytest.mark.integration

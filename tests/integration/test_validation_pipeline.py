@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweflow.hub import HubStore, publish_sample, serve
+from sweflow.dataset.local_hub import HubStore, publish_sample, serve
 from sweflow.sample import SPLITS, load_task
 
 try:

@@ -9,7 +9,7 @@ import pytest
 from sweflow import stages
 from sweflow.blackbox.claude_code import ClaudeCodeOptions, build_argv, build_env
 from sweflow.config import load_config
-from sweflow.convert import convert_instance
+from sweflow.dataset.convert import convert_instance
 from sweflow.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,10 +10,10 @@ import re
 import pytest
 
 from sweflow import stages
-from sweflow.convert import INTEGRITY_RULES
-from sweflow.datasets import BadRowsError
+from sweflow.dataset.convert import INTEGRITY_RULES
+from sweflow.dataset.images import ImageNaming
+from sweflow.dataset.splits import BadRowsError
 from sweflow.errors import DatasetError
-from sweflow.images import ImageNaming
 from sweflow.sample import sample_rows, write_parquet
 
 PREFIX = "sweflow-sample/sweb.eval.x86_64."

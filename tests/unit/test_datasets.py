@@ -8,7 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweflow.datasets import BadRowsError, apply_limit, is_sha, load_split, resolve_revision
+from sweflow.dataset.hub_client import is_sha, resolve_revision
+from sweflow.dataset.splits import BadRowsError, apply_limit, load_split
 from sweflow.errors import DatasetError
 from sweflow.stages import validate_split
 

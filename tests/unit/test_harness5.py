@@ -61,8 +61,8 @@ out["program"] = json.loads(prog.stdout.split("=", 1)[1]) if prog.stdout else pr
 out["statuses"] = json.loads((d / "s.json").read_text())
 meta = {**row, "FAIL_TO_PASS": [f"{T}::test_new"], "PASS_TO_PASS": [f"{T}::test_old"]}  # lists, as metadata has
 out["host_resolved"] = HostGrader(h).grade(log, meta, 0).resolved
-from sweflow.convert import ConvertOptions, convert_split
-from sweflow.datasets import check_instance
+from sweflow.dataset.convert import ConvertOptions, convert_split
+from sweflow.dataset.splits import check_instance
 parquet_row = {**row, "patch": "", "problem_statement": "Fix it.", "hints_text": None}
 inst, problems = check_instance(parquet_row, index=0)
 opts = ConvertOptions(dataset="d", split="test", provider="docker")

@@ -6,8 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweflow.errors import DatasetError
-from sweflow.hub import (
+from sweflow.dataset.local_hub import (
     EntryNotFoundError,
     HubStore,
     RepoNotFoundError,
@@ -16,6 +15,7 @@ from sweflow.hub import (
     _Reply,
     publish_sample,
 )
+from sweflow.errors import DatasetError
 from sweflow.sample import EXTRA_ID, SPLITS
 
 

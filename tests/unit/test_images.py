@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sweflow.dataset.images import ImageNaming, group_by_image, image_key
 from sweflow.errors import DatasetError
-from sweflow.images import ImageNaming, group_by_image, image_key
 
 
 def test_swegym_rule_lowercases_and_replaces_double_underscore():

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from sweflow.config import load_config
-from sweflow.images import ImageNaming
+from sweflow.dataset.images import ImageNaming
 from sweflow.sample.tasks import DATA_SOURCE, ENV_CLASS, write_parquet
 from sweflow.stages import convert, convert_options, harness_from_config, list_images, validate_split
 from sweflow.util import read_json

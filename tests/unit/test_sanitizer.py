@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweflow.sanitizer import SANITIZER_OK, sanitizer_command
+from sweflow.dataset.sanitizer import SANITIZER_OK, sanitizer_command
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t",

@@ -8,7 +8,7 @@ through the provider and grades the log on the host (``metadata.harness.parser``
 One row does not sink the split: a valid row whose template build failed or that the harness cannot handle
 (unknown repo or version, no eval script) is skipped and listed in the convert report with file, row,
 field and reason; the other rows convert. Rows that break the schema never get here: split validation
-(``sweflow.datasets``) fails the split on them, listing them all.
+(``sweflow.dataset.splits``) fails the split on them, listing them all.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DatasetError, HarnessError
+from ..errors import DatasetError, HarnessError
+from ..util import jsonl_line
 from .images import ImageNaming
 from .sanitizer import sanitizer_command
-from .util import jsonl_line
 
 INTEGRITY_RULES = """
 Rules for this task:
@@ -148,7 +148,7 @@ def convert_split(
     every such row when an image is absent from both the map and the failure records (the pipeline's own
     inconsistency), or when the harness could handle no row at all (a wrong harness package, not bad rows).
     """
-    from .datasets import BadRowsError, RowProblem
+    from .splits import BadRowsError, RowProblem
 
     rows, skipped, missing, harness_skips, total = [], [], [], 0, 0
     for i, inst in enumerate(instances):

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import DatasetError
+from ..errors import DatasetError
 
 DEFAULT_PREFIX = "xingyaoww/sweb.eval.x86_64."
 LEGACY_PREFIX = "swebench/sweb.eval.x86_64."

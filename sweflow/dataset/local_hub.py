@@ -441,7 +441,9 @@ def _base_sha(store: HubStore, repo_id: str, files: dict[str, bytes]) -> str | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sweflow.hub", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sweflow.dataset.local_hub", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_serve = sub.add_parser("serve", help="serve a store over HTTP until interrupted")
     p_serve.add_argument("--root", required=True)
