@@ -311,7 +311,7 @@ def e2e_stage(
         raise EvalError("end-to-end check failed: " + "; ".join(bad), file=str(out), row=instance_id)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     if evidence_out is not None:
-        from .evaluate import write_evidence
+        from .grading.evaluate import write_evidence
 
         write_evidence(evidence_out, evidence)
     atomic_write_json(out, report)

@@ -1,6 +1,6 @@
 """The validate_tasks stage: every training task must be solvable by its gold patch and not by doing nothing.
 
-Per task, in fresh sandboxes exactly as a rollout is graded (``sweflow.evaluate``): the gold patch must
+Per task, in fresh sandboxes exactly as a rollout is graded (``sweflow.grading.evaluate``): the gold patch must
 resolve, the empty patch must not, each ``repeats`` times so flaky tests show up. Verdicts:
 
 - ``valid``: gold resolved every time, empty never;
@@ -8,7 +8,7 @@ resolve, the empty patch must not, each ``repeats`` times so flaky tests show up
 - ``empty_passes``: the unchanged repository already resolves every time;
 - ``flaky``: gold or empty got different outcomes across repeats;
 - ``error``: the infrastructure failed (a provider fault, a dead or killed sandbox, the provider's
-  deadline, an eval script that never reached the tests; see ``sweflow.evaluate``) on every one of
+  deadline, an eval script that never reached the tests; see ``sweflow.grading.evaluate``) on every one of
   ``error_attempts`` tries of some run, so nothing can be concluded about the task.
 
 An infrastructure failure is retried (``validation.error_attempts``, exponential backoff from
@@ -19,7 +19,7 @@ The test command timing out inside a live sandbox (``eval_timeout``) is a run ou
 test: gold timing out every time is ``gold_fails``, sometimes ``flaky``.
 
 Every evaluation (retries included) leaves its evidence: the whole host-side log and the parsed status
-map, gzip-compressed JSON lines next to the verdict (``sweflow.evaluate.write_evidence``).
+map, gzip-compressed JSON lines next to the verdict (``sweflow.grading.evaluate.write_evidence``).
 
 Stage files: ``write_task_inputs`` (checkpoint: one byte-stable file per task = the JSONL row's metadata
 plus the gold patch from the split parquet), ``validate_task_file`` (one task), ``summarize`` (report +
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DatasetError
-from .evaluate import (
+from .grading.evaluate import (
     INFRA_REASONS,
     EvalResult,
     check_patch,
@@ -278,7 +278,7 @@ def validate_task(
 
 def provider_from_config(name: str, sandbox_cfg: Mapping[str, Any] | None = None) -> Provider:
     """The provider for fresh evaluations: no blackbox server (grading needs none); offline unless a
-    create call asks for ``network="internet"`` (``sweflow.evaluate.eval_network``)."""
+    create call asks for ``network="internet"`` (``sweflow.grading.evaluate.eval_network``)."""
     from .stages_sandbox import provider_from_config as configured
 
     cfg = dict(sandbox_cfg or {})

@@ -2,7 +2,7 @@
 
 The row's ``blackbox_execute_cmds.after_agent`` evaluator (the official eval script plus an in-sandbox
 parser that prints a reward marker) is kept for trainers that grade the recipe's way; it TRUSTS the
-sandbox it runs in. sweflow itself never reads that marker: ``sweflow.evaluate`` runs the same script
+sandbox it runs in. sweflow itself never reads that marker: ``sweflow.grading.evaluate`` runs the same script
 through the provider and grades the log on the host (``metadata.harness.parser`` names the parser).
 
 One row does not sink the split: a valid row whose template build failed or that the harness cannot handle

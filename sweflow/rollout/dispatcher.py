@@ -30,9 +30,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sweflow.errors import SweflowError
-from sweflow.evaluate import INFRA_REASONS
-from sweflow.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
-from sweflow.reward import RewardResult
+from sweflow.grading.evaluate import INFRA_REASONS
+from sweflow.grading.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
+from sweflow.grading.reward import RewardResult
 from sweflow.rollout.clients import BlackboxClient, HttpStatusError, ProxyClient
 from sweflow.rollout.evaluator import Evaluator, FreshEvaluator
 from sweflow.rollout.types import (

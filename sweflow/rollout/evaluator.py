@@ -1,6 +1,6 @@
 """The fresh-sandbox evaluation as the dispatcher sees it: extract the agent's patch, grade it elsewhere.
 
-`Evaluator` is the Protocol; `FreshEvaluator` delegates to `sweflow.evaluate` (extract_patch /
+`Evaluator` is the Protocol; `FreshEvaluator` delegates to `sweflow.grading.evaluate` (extract_patch /
 evaluate_agent_patch: infrastructure failures retried, a patch that defeats its own evaluation graded 0). Unit tests pass their own evaluator; everything else should use FreshEvaluator.
 """
 
@@ -27,7 +27,7 @@ class Evaluator(Protocol):
 
 
 class FreshEvaluator:
-    """The real evaluation (sweflow.evaluate); `options` go to evaluate_patch unchanged. `network` is the
+    """The real evaluation (sweflow.grading.evaluate); `options` go to evaluate_patch unchanged. `network` is the
     ``sandbox.network`` config section: each row's fresh sandbox gets ``eval_network(network, repo)``."""
 
     def __init__(self, *, network: dict[str, Any] | None = None, **options: Any) -> None:
@@ -35,12 +35,12 @@ class FreshEvaluator:
         self.options = options
 
     def extract_patch(self, sb: Sandbox, base_commit: str) -> Any:
-        from sweflow.evaluate import extract_patch
+        from sweflow.grading.evaluate import extract_patch
 
         return extract_patch(sb, base_commit)
 
     def evaluate_patch(self, provider: Provider, template: str, metadata: dict[str, Any], patch: str) -> Any:
-        from sweflow.evaluate import eval_network, evaluate_agent_patch
+        from sweflow.grading.evaluate import eval_network, evaluate_agent_patch
 
         net = eval_network(self.network, str(metadata.get("repo") or ""))
         return evaluate_agent_patch(provider, template, metadata, patch, network=net, **self.options)

@@ -7,7 +7,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sweflow.integrity import DEFAULT_RULES, IntegrityRules
+from sweflow.grading.integrity import DEFAULT_RULES, IntegrityRules
 
 COMPLETED = "completed"
 ABORTED = "aborted"
@@ -121,7 +121,7 @@ class RolloutResult:
 
     def write_evidence(self, path: str) -> None:
         """``evidence_record()`` as one gzip JSON line (byte-stable for the same record)."""
-        from sweflow.evaluate import write_evidence
+        from sweflow.grading.evaluate import write_evidence
 
         write_evidence(path, [self.evidence_record()])
 

@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
-from sweflow.evaluate import evaluate_agent_patch, evaluate_patch
-from sweflow.integrity import IntegrityRules
+from sweflow.grading.evaluate import evaluate_agent_patch, evaluate_patch
+from sweflow.grading.integrity import IntegrityRules
 from sweflow.sample import load_task
 
 try:  # the fixture helpers are imported explicitly (no shared conftest)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from sweflow.dataset.sanitizer import SANITIZER_OK
-from sweflow.evaluate import evaluate_patch, extract_patch
+from sweflow.grading.evaluate import evaluate_patch, extract_patch
+from sweflow.grading.reward import parse_marker
 from sweflow.harness.grader import HostGrader
 from sweflow.harness.standalone import WORKDIR
-from sweflow.reward import parse_marker
 from sweflow.sample import load_task
 
 try:  # the fixture helpers are imported explicitly (no shared conftest)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sweflow.grading.reward import reward_from_output
 from sweflow.harness import load_harness
-from sweflow.reward import reward_from_output
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("swebench", reason="swebench 4.x is the harness the tests run against")

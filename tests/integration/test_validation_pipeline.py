@@ -89,7 +89,7 @@ def test_validation_rules_on_two_tasks(tmp_path):
             assert rec["verdict"] == "valid" and rec["provider"] == "docker" and len(rec["runs"]) == 4
             task = json.loads((work / f"results/sample/validation/validation-tasks/{iid}.json").read_text())
             assert task["gold_patch"] == load_task(iid)["patch"]
-            from sweflow.evaluate import read_evidence
+            from sweflow.grading.evaluate import read_evidence
 
             evidence = read_evidence(res / "validation" / f"{iid}.evidence.jsonl.gz")
             assert sorted((e["patch"], e["run"]) for e in evidence) == sorted(

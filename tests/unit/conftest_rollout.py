@@ -195,7 +195,7 @@ class FakeEvaluator:
         self.evaluated: list[str] = []
 
     def extract_patch(self, sb: FakeSandbox, base_commit: str) -> Any:
-        from sweflow.evaluate import check_patch
+        from sweflow.grading.evaluate import check_patch
 
         r = sb.run(f"git add -A && git diff --cached --binary {base_commit}", timeout=60)
         if r.exit_code != 0:

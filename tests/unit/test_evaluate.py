@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sweflow.errors import EvalError, SandboxError
-from sweflow.evaluate import (
+from sweflow.grading.evaluate import (
     OUTPUT_TAIL_CHARS,
     EvalResult,
     PatchResult,
@@ -450,7 +450,7 @@ def test_network_reaches_create_only_when_given():
 
 
 def test_eval_network_per_repository():
-    from sweflow.evaluate import eval_network
+    from sweflow.grading.evaluate import eval_network
 
     cfg = {"eval": "none", "eval_repos": {"pydicom/pydicom": "internet"}}
     assert eval_network(cfg, "pydicom/pydicom") == "internet"
@@ -463,7 +463,7 @@ def test_eval_network_per_repository():
 
 
 def test_evidence_is_byte_stable_gzip_with_the_whole_log_and_status_map(tmp_path):
-    from sweflow.evaluate import evidence_record, read_evidence, write_evidence
+    from sweflow.grading.evaluate import evidence_record, read_evidence, write_evidence
 
     log = "noise\n" + "x" * 10_000 + "\n" + pytest_log(F2P_FAIL)
     res = evaluate_patch(FakeProvider(FakeSandbox(log=log, exit_code=1)), "tpl", META, SRC_PATCH)
@@ -560,7 +560,7 @@ def _no_sleep(_s):
 
 
 def test_an_agent_patch_that_kills_every_sandbox_while_the_provider_is_healthy_is_graded_zero():
-    from sweflow.evaluate import PATCH_DEFEATED_EVALUATION, evaluate_agent_patch
+    from sweflow.grading.evaluate import PATCH_DEFEATED_EVALUATION, evaluate_agent_patch
 
     prov = SequenceProvider(_dying(), _dying(), _control())
     res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, sleep=_no_sleep)
@@ -570,7 +570,7 @@ def test_an_agent_patch_that_kills_every_sandbox_while_the_provider_is_healthy_i
 
 
 def test_an_agent_patch_survives_one_lost_sandbox_and_is_graded_on_the_retry():
-    from sweflow.evaluate import evaluate_agent_patch
+    from sweflow.grading.evaluate import evaluate_agent_patch
 
     slept = []
     prov = SequenceProvider(_dying(), FakeSandbox(log=pytest_log(ALL_PASS)))
@@ -580,7 +580,7 @@ def test_an_agent_patch_survives_one_lost_sandbox_and_is_graded_on_the_retry():
 
 
 def test_when_the_control_sandbox_fails_too_it_stays_infrastructure():
-    from sweflow.evaluate import evaluate_agent_patch
+    from sweflow.grading.evaluate import evaluate_agent_patch
 
     for control in (
         SandboxError("provider down"),
@@ -592,7 +592,7 @@ def test_when_the_control_sandbox_fails_too_it_stays_infrastructure():
 
 
 def test_provider_faults_and_empty_patches_are_never_blamed_on_the_patch():
-    from sweflow.evaluate import evaluate_agent_patch
+    from sweflow.grading.evaluate import evaluate_agent_patch
 
     prov = SequenceProvider(SandboxError("create failed"), SandboxError("create failed"), _control())
     res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, sleep=_no_sleep)

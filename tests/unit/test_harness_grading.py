@@ -1,4 +1,4 @@
-"""Grading edge cases decided against upstream SWE-bench (rules documented in sweflow.reward)."""
+"""Grading edge cases decided against upstream SWE-bench (rules documented in sweflow.grading.reward)."""
 
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from sweflow.grading.reward import reward_from_output
 from sweflow.harness import driver, load_harness
-from sweflow.reward import reward_from_output
 
 pytest.importorskip("swebench", reason="swebench 4.x is the harness the tests run against")
 from swebench.harness.constants import ResolvedStatus  # noqa: E402

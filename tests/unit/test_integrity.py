@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sweflow.errors import ConfigError
-from sweflow.integrity import (
+from sweflow.grading.integrity import (
     IntegrityRules,
     ToolCall,
     apply_integrity,
@@ -16,7 +16,7 @@ from sweflow.integrity import (
     tool_calls_from_messages,
     tool_calls_from_stream_json,
 )
-from sweflow.reward import RewardResult
+from sweflow.grading.reward import RewardResult
 
 REPO = "psf/requests"
 

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sweflow.integrity import IntegrityRules
-from sweflow.integrity_patch import changed_lines, check_patch_integrity, eval_script_facts, patch_paths
+from sweflow.grading.integrity import IntegrityRules
+from sweflow.grading.patch_integrity import (
+    changed_lines,
+    check_patch_integrity,
+    eval_script_facts,
+    patch_paths,
+)
 from sweflow.sample import sample_rows
 from sweflow.stages import harness_from_config
 

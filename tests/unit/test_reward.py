@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from sweflow.grading.reward import MALFORMED_MARKER, MISSING_MARKER, parse_marker, reward_from_output
 from sweflow.harness.driver import GradeResult, marker_line
-from sweflow.reward import MALFORMED_MARKER, MISSING_MARKER, parse_marker, reward_from_output
 
 
 def _line(resolved: bool, reason: str | None = None) -> str:

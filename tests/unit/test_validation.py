@@ -8,7 +8,7 @@ import os
 import pytest
 
 from sweflow.errors import DatasetError
-from sweflow.evaluate import EvalResult
+from sweflow.grading.evaluate import EvalResult
 from sweflow.util import jsonl_line, read_json
 from sweflow.validation import decide, summarize, validate_task, write_task_inputs
 
@@ -288,7 +288,7 @@ def test_an_error_task_is_reported_apart_and_its_input_made_newer_so_a_rerun_ret
 
 
 def test_the_evidence_file_holds_every_evaluation_and_the_network_reaches_evaluate(tmp_path):
-    from sweflow.evaluate import read_evidence
+    from sweflow.grading.evaluate import read_evidence
     from sweflow.validation import validate_task_file
 
     task = tmp_path / "t.json"

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sweflow.integrity import DEFAULT_RULES, IntegrityRules, is_test_path
+from sweflow.grading.integrity import DEFAULT_RULES, IntegrityRules, is_test_path
 
 PROHIBITED_TEST_MODIFICATION = "prohibited_test_modification"
 PROHIBITED_TEST_INFRASTRUCTURE = "prohibited_test_infrastructure"

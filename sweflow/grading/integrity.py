@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from sweflow.errors import ConfigError
-from sweflow.reward import RewardResult
+from sweflow.grading.reward import RewardResult
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class IntegrityRules:
     loopback_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]")
     fetch_programs: tuple[str, ...] = ("curl", "wget", "http", "https", "aria2c", "lynx", "links")
     block_all_remote_fetches: bool = False  # True: any curl/wget to a non-loopback host is a violation
-    # Patch checks (sweflow.integrity_patch): files that decide how tests run, wherever they are.
+    # Patch checks (sweflow.grading.patch_integrity): files that decide how tests run, wherever they are.
     infra_file_globs: tuple[str, ...] = (
         "conftest.py",
         "sitecustomize.py",

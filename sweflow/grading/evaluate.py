@@ -52,22 +52,22 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import EvalError, SandboxError
-from .harness import driver
-from .harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
+from ..errors import EvalError, SandboxError
+from ..harness import driver
+from ..harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
+from ..sandbox.base import Provider, Sandbox
+from ..sandbox.logged import TRUNCATED_NOTE
+from ..util import atomic_write, retry
 from .integrity import DEFAULT_RULES, IntegrityRules
-from .integrity_patch import (
+from .patch_integrity import (
     PROHIBITED_TEST_INFRASTRUCTURE,
     PROHIBITED_TEST_MODIFICATION,
     SUSPICIOUS_TEST_TAMPERING,
     check_patch_integrity,
     patch_paths,
 )
-from .sandbox.base import Provider, Sandbox
-from .sandbox.logged import TRUNCATED_NOTE
-from .util import atomic_write, retry
 
-log = logging.getLogger("sweflow.evaluate")
+log = logging.getLogger("sweflow.grading.evaluate")
 
 EMPTY_GENERATION = "empty_generation"
 LOG_TRUNCATED = "log_truncated"
@@ -153,7 +153,7 @@ def check_patch(
     rules: IntegrityRules = DEFAULT_RULES,
 ) -> tuple[str | None, list[str]]:
     """(failure_reason, offending paths) of a patch: empty_generation, one of the integrity reasons of
-    ``sweflow.integrity_patch`` (prohibited_test_modification first), or (None, [])."""
+    ``sweflow.grading.patch_integrity`` (prohibited_test_modification first), or (None, [])."""
     if not patch.strip():
         return EMPTY_GENERATION, []
     found = check_patch_integrity(patch, metadata=metadata, eval_script=eval_script, rules=rules)
