@@ -44,9 +44,9 @@ rule data:
 onstart:
     # reap the sandboxes and build folders of an earlier, killed run (sweflow.sandbox.ledger); instant when
     # there are none, and a running pipeline's own are left alone
-    from sweflow.sandbox.ledger import reap_on_start
+    from sweflow.stages.common import reap_leftovers
 
-    reap_on_start()
+    reap_leftovers()
 
 
 onsuccess:

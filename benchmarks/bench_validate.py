@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sweflow.grading.validation import validate_task
 from sweflow.sample import instance_ids, load_task
-from sweflow.validation import validate_task
 
 
 def _env(provider: str, tmp: Path, ids):

@@ -1,6 +1,5 @@
 import json
 import sys
-from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import min_version
@@ -63,7 +62,7 @@ def expected_rows(wildcards):
 
 def image_keys(wildcards):
     """Per-image keys, known once the list_images checkpoint has run."""
-    from sweflow.stages import image_keys_from_listing
+    from sweflow.stages.common import image_keys_from_listing
 
     listing = checkpoints.list_images.get(dataset=wildcards.dataset).output.listing
     return image_keys_from_listing(listing)
@@ -71,9 +70,9 @@ def image_keys(wildcards):
 
 def _source_hash():
     """Hash of the sweflow sources that go into the in-sandbox runtime wheel (a few hundred small files)."""
-    from sweflow.sandbox.artifacts import source_hash
+    from sweflow.stages.common import runtime_source_hash
 
-    return source_hash(Path(workflow.basedir))
+    return runtime_source_hash(workflow.basedir)
 
 
 SWEFLOW_SOURCE_HASH = _source_hash()
@@ -109,7 +108,7 @@ def smoke_markers(wildcards):
 
 def validation_results(wildcards):
     """Per-task result files, one per row of the converted JSONL (known once validation_tasks has run)."""
-    from sweflow.validation import listed_ids
+    from sweflow.stages.common import listed_ids
 
     listing = checkpoints.validation_tasks.get(
         dataset=wildcards.dataset, split=wildcards.split
@@ -123,6 +122,6 @@ def validation_results(wildcards):
 
 
 def write_run_manifest():
-    from sweflow.provenance import write_manifest
+    from sweflow.stages.common import write_run_manifest as write
 
-    write_manifest(f"results/{DATASET}/manifest.json", root=".")
+    write(f"results/{DATASET}/manifest.json", root=".")

@@ -1,7 +1,6 @@
 """Snakemake entry point: build (or reuse) the sandbox template of one task image."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages_sandbox import build_template_step
+from sweflow.stages.sandbox import build_template_step, from_snakemake
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/build_template.py"):

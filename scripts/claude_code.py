@@ -1,7 +1,6 @@
 """Snakemake entry point: fetch the pinned Claude Code binary once for every template."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages_sandbox import claude_code_artifact
+from sweflow.stages.sandbox import claude_code_artifact, from_snakemake
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/claude_code.py"):

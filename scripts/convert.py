@@ -1,7 +1,6 @@
 """Snakemake entry point: convert one split to the training JSONL."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages import convert, convert_options, harness_from_config
+from sweflow.stages.data import convert, convert_options, from_snakemake, harness_from_config
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/convert.py"):

@@ -1,7 +1,6 @@
 """Snakemake entry point: download one split file at the resolved commit sha."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages import download_split
+from sweflow.stages.data import download_split, from_snakemake
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/download.py"):

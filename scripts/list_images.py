@@ -1,8 +1,6 @@
 """Snakemake entry point: one byte-stable record per task image, plus the ordered image list."""
 
-from sweflow.dataset.images import ImageNaming
-from sweflow.rulekit import from_snakemake
-from sweflow.stages import list_images
+from sweflow.stages.data import from_snakemake, list_images
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/list_images.py"):
@@ -11,7 +9,7 @@ with from_snakemake(smk, f"{smk.scriptdir}/list_images.py"):
         smk.output.images,
         smk.output.listing,
         parquets=dict(zip(p.splits, smk.input.parquets, strict=True)),
-        naming=ImageNaming.from_config(p.naming),
+        naming=p.naming,
         shape=p.shape,
         limit=p.limit,
     )

@@ -1,7 +1,6 @@
 """Snakemake entry point: resolve the dataset revision to a commit sha."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages import resolve_dataset
+from sweflow.stages.data import from_snakemake, resolve_dataset
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/resolve_dataset.py") as ctx:

@@ -1,7 +1,6 @@
 """Snakemake entry point: build the sweflow wheel for the isolated in-sandbox runtime."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages_sandbox import runtime_wheel
+from sweflow.stages.sandbox import from_snakemake, runtime_wheel
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/runtime_wheel.py"):

@@ -1,7 +1,6 @@
 """Snakemake entry point: smoke-test one template and write its marker."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages_sandbox import smoke_step
+from sweflow.stages.sandbox import from_snakemake, smoke_step
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/smoke.py"):

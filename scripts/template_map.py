@@ -1,7 +1,6 @@
 """Snakemake entry point: aggregate per-image build records into the image -> template map."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages import template_map
+from sweflow.stages.data import from_snakemake, template_map
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/template_map.py"):

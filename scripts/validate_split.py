@@ -1,7 +1,6 @@
 """Snakemake entry point: validate a whole split."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.stages import validate_split
+from sweflow.stages.data import from_snakemake, validate_split
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/validate_split.py"):

@@ -1,7 +1,6 @@
 """Snakemake entry point: the validation summary and the training JSONL without broken tasks."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.validation import summarize
+from sweflow.stages.validate import from_snakemake, summarize
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/validation_summary.py"):

@@ -1,7 +1,6 @@
 """Snakemake entry point: one per-task validation input (JSONL row metadata + gold patch from the parquet)."""
 
-from sweflow.rulekit import from_snakemake
-from sweflow.validation import write_task_inputs
+from sweflow.stages.validate import from_snakemake, write_task_inputs
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/validation_tasks.py"):

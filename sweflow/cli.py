@@ -97,7 +97,7 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
 
     from sweflow.config import load_config
     from sweflow.provenance import write_records
-    from sweflow.stages import resolve_dataset
+    from sweflow.stages.data import resolve_dataset
     from sweflow.util import read_json
 
     if args.directory:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "config" / "config.yaml"
 SCHEMA = ROOT / "config" / "schema.yaml"
 OVERRIDES = "--config"
-# `harness.extra_repos` given as a string names one of these bundled spec sets (sweflow.stages).
+# `harness.extra_repos` given as a string names one of these bundled spec sets (sweflow.stages.data.harness_from_config).
 KNOWN_EXTRA_REPOS = ("sample",)
 
 Path_ = tuple[str, ...]

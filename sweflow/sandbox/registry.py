@@ -1,7 +1,9 @@
-"""Provider lookup by name; backends are imported lazily so e.g. the local one needs no docker SDK."""
+"""Provider lookup by name or from the `sandbox` config section; backends are imported lazily so e.g. the local
+one needs no docker SDK."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
@@ -27,3 +29,37 @@ def get_provider(name: str, **options: Any) -> Provider:
     raise ConfigError(
         f"unknown sandbox provider {name!r}", field="sandbox.provider", hint=f"one of {PROVIDERS}"
     )
+
+
+def provider_from_config(
+    name: str, cfg: Mapping[str, Any] | None = None, *, purpose: str = "run"
+) -> Provider:
+    """The provider named `name`, configured from the `sandbox` config section, for one purpose:
+
+    - "run": agent sandboxes (the blackbox server started; egress to the proxy only, given at create);
+    - "build": template builds (Docker: no network namespace of their own);
+    - "eval": fresh evaluations (no network and no blackbox server: grading needs neither); offline unless
+      a create call asks for ``network="internet"`` (``sweflow.grading.evaluate.eval_network``), which on
+      Docker joins ``sandbox.network.docker_network``.
+    """
+    cfg = dict(cfg or {})
+    server = {} if purpose == "run" else {"start_server": False}
+    if name == "local":
+        provider = get_provider(
+            "local", templates_root=(cfg.get("local") or {}).get("templates_root"), **server
+        )
+    elif name == "docker":
+        d = cfg.get("docker") or {}
+        provider = get_provider(
+            "docker",
+            cpu=d.get("cpus", 2),
+            memory_mb=d.get("mem_mb", 4096),
+            pids_limit=d.get("pids_limit", 1024),
+            **server,
+        )
+    else:
+        provider = get_provider(name)
+    docker_network = (cfg.get("network") or {}).get("docker_network")
+    if purpose == "eval" and docker_network and hasattr(provider, "internet_network"):
+        provider.internet_network = docker_network
+    return provider

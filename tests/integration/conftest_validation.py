@@ -40,7 +40,7 @@ def bwrap_available() -> str | None:
 
 def sample_harness():
     pytest.importorskip("swebench", reason="swebench 4.x is the harness these tests grade with")
-    from sweflow.stages import harness_from_config
+    from sweflow.stages.data import harness_from_config
 
     return harness_from_config("swebench", "sample")
 
@@ -99,12 +99,12 @@ def docker_env(tmp: Path, ids=ALL_IDS) -> SampleEnv:
         pytest.skip(why)
     harness = sample_harness()
     from sweflow.sandbox.images import build_sample_images
-    from sweflow.validation import provider_from_config
+    from sweflow.sandbox.registry import provider_from_config
 
     info = materialize_repo(tmp / "calclib")
     rows = [load_task(i) for i in ids]
     tags = build_sample_images(rows, repo_path=info.path)
-    provider = provider_from_config("docker", {"docker": {"cpus": 1, "mem_mb": 1024}})
+    provider = provider_from_config("docker", {"docker": {"cpus": 1, "mem_mb": 1024}}, purpose="eval")
     return SampleEnv("docker", provider, dict(zip(ids, tags, strict=True)), harness, info.path, tmp)
 
 
@@ -114,12 +114,12 @@ def local_env(tmp: Path, ids=ALL_IDS) -> SampleEnv:
         pytest.skip(why)
     harness = sample_harness()
     from sweflow.sandbox.images import sample_image_name
+    from sweflow.sandbox.registry import provider_from_config
     from sweflow.sandbox.spec import TemplateSpec, template_name
-    from sweflow.validation import provider_from_config
 
     info = materialize_repo(tmp / "calclib")
     root = tmp / "local-templates"
-    provider = provider_from_config("local", {"local": {"templates_root": str(root)}})
+    provider = provider_from_config("local", {"local": {"templates_root": str(root)}}, purpose="eval")
     templates = {}
     for iid in ids:
         image = sample_image_name(iid)

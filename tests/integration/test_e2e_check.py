@@ -20,7 +20,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from sweflow.e2e import e2e_stage  # noqa: E402
+from sweflow.stages.e2e import e2e_stage  # noqa: E402
 from sweflow.util import jsonl_line  # noqa: E402
 
 CLAUDE = os.environ.get("SWEFLOW_CLAUDE_BIN") or shutil.which("claude")
@@ -54,7 +54,7 @@ def task(tmp_path_factory):
     from sweflow.sample import materialize_repo, sample_rows
     from sweflow.sandbox.artifacts import artifact_paths, prepare_artifacts
     from sweflow.sandbox.images import cache_dir
-    from sweflow.stages import harness_from_config
+    from sweflow.stages.data import harness_from_config
 
     tmp = tmp_path_factory.mktemp("e2e")
     art_dir = cache_dir().parent / "artifacts" / CLAUDE_VERSION

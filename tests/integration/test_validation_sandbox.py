@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
+from sweflow.grading.validation import validate_task
 from sweflow.sample import load_task
-from sweflow.validation import validate_task
 
 try:  # the fixture module is imported explicitly (no shared conftest)
     from tests.integration.conftest_validation import ALL_IDS, sample_env  # noqa: F401

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from sweflow import stages
 from sweflow.blackbox.claude_code import ClaudeCodeOptions, build_argv, build_env
 from sweflow.config import load_config
 from sweflow.dataset.convert import convert_instance
 from sweflow.errors import ConfigError
+from sweflow.stages import data
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = {
@@ -55,7 +55,7 @@ INSTANCES = [
 
 
 def _opts(cfg, split="train"):
-    return stages.convert_options(
+    return data.convert_options(
         dataset=cfg["dataset"]["name"],
         split=split,
         provider=cfg["sandbox"]["provider"],

@@ -9,23 +9,23 @@ import re
 
 import pytest
 
-from sweflow import stages
 from sweflow.dataset.convert import INTEGRITY_RULES
 from sweflow.dataset.images import ImageNaming
 from sweflow.dataset.splits import BadRowsError
 from sweflow.errors import DatasetError
 from sweflow.sample import sample_rows, write_parquet
+from sweflow.stages import data
 
 PREFIX = "sweflow-sample/sweb.eval.x86_64."
 
 
 @pytest.fixture(scope="module")
 def harness():
-    return stages.harness_from_config("swebench", "sample")
+    return data.harness_from_config("swebench", "sample")
 
 
 def options(harness, **over):
-    return stages.convert_options(
+    return data.convert_options(
         dataset="sample",
         split="train",
         provider="docker",
@@ -49,7 +49,7 @@ def convert_files(tmp_path, harness, rows, mapping, failures=None, name="train")
     (tmp_path / "map.json").write_text(json.dumps(mapping))
     (tmp_path / "fail.json").write_text(json.dumps(failures or {}))
     out = tmp_path / f"{name}.jsonl"
-    report = stages.convert(
+    report = data.convert(
         pq,
         tmp_path / "map.json",
         tmp_path / "fail.json",

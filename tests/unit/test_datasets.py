@@ -11,7 +11,7 @@ import pytest
 from sweflow.dataset.hub_client import is_sha, resolve_revision
 from sweflow.dataset.splits import BadRowsError, apply_limit, load_split
 from sweflow.errors import DatasetError
-from sweflow.stages import validate_split
+from sweflow.stages.data import validate_split
 
 
 def row(i: int, **over):

@@ -18,7 +18,7 @@ from sweflow.harness.driver import DEFAULT_REWARD_MARKER
 from sweflow.harness.grader import HOST_SCRIPT
 from sweflow.sample import sample_rows
 from sweflow.sandbox.base import CommandResult
-from sweflow.stages import harness_from_config
+from sweflow.stages.data import harness_from_config
 
 BASE = "a" * 40
 SRC_PATCH = (

@@ -12,7 +12,7 @@ from sweflow.grading.patch_integrity import (
     patch_paths,
 )
 from sweflow.sample import sample_rows
-from sweflow.stages import harness_from_config
+from sweflow.stages.data import harness_from_config
 
 
 def diff(path: str, old: str, new: str) -> str:

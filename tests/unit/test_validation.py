@@ -9,8 +9,9 @@ import pytest
 
 from sweflow.errors import DatasetError
 from sweflow.grading.evaluate import EvalResult
+from sweflow.grading.validation import decide, validate_task
+from sweflow.stages.validate import summarize, write_task_inputs
 from sweflow.util import jsonl_line, read_json
-from sweflow.validation import decide, summarize, validate_task, write_task_inputs
 
 
 def run(kind: str, i: int, resolved: bool, reason: str | None = None, error: str | None = None) -> dict:
@@ -247,7 +248,7 @@ def test_infrastructure_failing_every_try_is_an_error_verdict_not_gold_fails():
 def test_an_error_task_is_reported_apart_and_its_input_made_newer_so_a_rerun_retries_it(
     tmp_path, split_files, caplog
 ):
-    from sweflow.validation import validate_task_file
+    from sweflow.stages.validate import validate_task_file
 
     _, jsonl, rows = split_files
     ids = [r["instance_id"] for r in rows][:2]
@@ -289,7 +290,7 @@ def test_an_error_task_is_reported_apart_and_its_input_made_newer_so_a_rerun_ret
 
 def test_the_evidence_file_holds_every_evaluation_and_the_network_reaches_evaluate(tmp_path):
     from sweflow.grading.evaluate import read_evidence
-    from sweflow.validation import validate_task_file
+    from sweflow.stages.validate import validate_task_file
 
     task = tmp_path / "t.json"
     task.write_text(

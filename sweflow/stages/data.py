@@ -1,6 +1,5 @@
-"""The data stage as plain functions: each reads its input files and atomically writes its outputs.
-
-The workflow's `scripts/` call exactly one of these; tests call them directly.
+"""The data stage (rules/data.smk) as plain functions: each reads its input files and atomically writes its
+outputs. The workflow's `scripts/` call these; tests call them directly.
 """
 
 from __future__ import annotations
@@ -13,11 +12,24 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .dataset.hub_client import copy_offline, download_file, hub_endpoint_env, is_sha, resolve_revision
-from .dataset.images import ImageNaming, group_by_image, image_key
-from .dataset.splits import apply_limit, load_split
-from .errors import ConfigError, DatasetError
-from .util import atomic_write, atomic_write_json, read_json, redact, write_if_changed
+from ..dataset.hub_client import copy_offline, download_file, hub_endpoint_env, is_sha, resolve_revision
+from ..dataset.images import ImageNaming, group_by_image
+from ..dataset.splits import apply_limit, load_split
+from ..errors import ConfigError, DatasetError
+from ..rulekit import from_snakemake
+from ..util import atomic_write, atomic_write_json, read_json, redact, write_if_changed
+
+__all__ = [
+    "convert",
+    "convert_options",
+    "download_split",
+    "from_snakemake",
+    "harness_from_config",
+    "list_images",
+    "resolve_dataset",
+    "template_map",
+    "validate_split",
+]
 
 log = logging.getLogger("sweflow.stages")
 
@@ -31,7 +43,7 @@ def hub_endpoint(
     if endpoint != "local":
         yield endpoint
         return
-    from .dataset import local_hub
+    from ..dataset import local_hub
 
     local_hub.publish_sample(store_root)
     with local_hub.serve(local_hub.HubStore(store_root)) as url:
@@ -64,7 +76,7 @@ def resolve_dataset(
 ) -> dict[str, Any]:
     """Write {repo_id, repo_type, requested revision, commit sha, source} as byte-stable JSON."""
     if offline_dir:
-        from .util import sha256_tree
+        from ..util import sha256_tree
 
         sha = revision if is_sha(revision) else "offline-" + sha256_tree(offline_dir)[:32]
         source = "offline"
@@ -172,12 +184,16 @@ def list_images(
     listing_out: str | os.PathLike,
     *,
     parquets: Mapping[str, str],
-    naming: ImageNaming,
+    naming: ImageNaming | Mapping[str, Any],
     shape: str = "auto",
     limit: int | None = None,
     max_problem_statement_chars: int | None = None,
 ) -> list[str]:
-    """One byte-stable JSON per image under images_dir (unchanged files keep their mtime) + the ordered list."""
+    """One byte-stable JSON per image under images_dir (unchanged files keep their mtime) + the ordered list.
+
+    `naming` is an ImageNaming or the `naming` config section it is made from."""
+    if not isinstance(naming, ImageNaming):
+        naming = ImageNaming.from_config(dict(naming))
     splits = load_validated(
         parquets, shape=shape, limit=limit, max_problem_statement_chars=max_problem_statement_chars
     )
@@ -202,10 +218,6 @@ def list_images(
     return images
 
 
-def image_keys_from_listing(listing: str | os.PathLike) -> list[str]:
-    return [image_key(line.strip()) for line in Path(listing).read_text().splitlines() if line.strip()]
-
-
 def template_map(
     records: list[str], map_out: str | os.PathLike, failures_out: str | os.PathLike
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -228,13 +240,13 @@ def template_map(
 
 def harness_from_config(package: str, extra_repos: Any, extra_parsers: Mapping[str, str] | None = None):
     """Load the harness package and merge the configured extra repo specs into its tables."""
-    from .harness import load_harness
+    from ..harness import load_harness
 
     harness = load_harness(package)
     specs: dict[str, Any] = {}
     parsers: dict[str, str] = dict(extra_parsers or {})
     if extra_repos == "sample":
-        from .sample import HARNESS_PARSERS, HARNESS_SPECS
+        from ..sample import HARNESS_PARSERS, HARNESS_SPECS
 
         specs.update(HARNESS_SPECS)
         parsers = {**HARNESS_PARSERS, **parsers}
@@ -262,7 +274,7 @@ def convert(
 ) -> dict[str, Any]:
     """Convert one split to the training JSONL (atomic, byte-identical on rerun) and write a report listing
     each skipped row (file, row, field, reason: a failed template build or a row the harness cannot handle)."""
-    from .dataset.convert import convert_split, rows_to_jsonl
+    from ..dataset.convert import convert_split, rows_to_jsonl
 
     instances, _ = load_split(
         parquet, split=opts.split, shape=shape, max_problem_statement_chars=max_problem_statement_chars
@@ -308,7 +320,7 @@ def convert_options(
     harness: Any,
 ):
     """ConvertOptions from the validated config sections."""
-    from .dataset.convert import ConvertOptions
+    from ..dataset.convert import ConvertOptions
 
     backend = dict(agent_cfg.get("backend_options", {}))
     return ConvertOptions(

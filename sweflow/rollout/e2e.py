@@ -1,4 +1,4 @@
-"""The e2e_check stage: one sample task, the real agent in a real sandbox, driven by two scripted policies.
+"""The end-to-end check: one sample task, the real agent in a real sandbox, driven by two scripted policies.
 
 A `ScriptedPolicy` plays the model behind the real token-recording proxy: its assistant turns are text in
 the Qwen3-coder tool-call format (what the proxy parses back into tool_use blocks), tokenised by the
@@ -6,26 +6,25 @@ given tokenizer. `gold_policy` reads the files of the task's gold fix, edits the
 resolved, reward 1.0); `tamper_policy` applies the same fix but also writes a test file (expected:
 reward 0.0, reason integrity_violation:test_edit). Each runs through `sweflow.rollout.Dispatcher` with the
 fresh-sandbox evaluation, and the recorded samples are checked token by token against what the policy
-produced. Only tasks of the embedded sample have a known gold fix (`sweflow.sample.taskdefs`).
+produced. Only tasks of the embedded sample have a known gold fix (`sweflow.sample.taskdefs`). The e2e stage
+(`sweflow.stages.e2e`) finds the row, runs `e2e_check` and writes the report.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sweflow.errors import DatasetError, EvalError
+from sweflow.errors import DatasetError
 from sweflow.proxy import ProxyConfig, ProxyServer, ScriptedEngine, format_qwen_xml, scripted_logprob
-from sweflow.rollout import Dispatcher, HttpProxyClient, RolloutConfig, RolloutResult
+from sweflow.rollout.clients import HttpProxyClient
+from sweflow.rollout.dispatcher import Dispatcher
 from sweflow.rollout.evaluator import Evaluator
+from sweflow.rollout.types import RolloutConfig, RolloutResult
 from sweflow.sandbox.base import Provider
-from sweflow.util import atomic_write_json
 
 log = logging.getLogger("sweflow.e2e")
 SIDE_REPLY = "OK."
@@ -256,63 +255,3 @@ def e2e_check(
         "ok": all(p["ok"] for p in report.values()),
         "policies": report,
     }
-
-
-def find_row(jsonl_files: Sequence[str | os.PathLike], instance_id: str | None) -> dict[str, Any]:
-    """The training row of `instance_id` (None: the first row of the first file) from converted JSONL files."""
-    for path in jsonl_files:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if instance_id is None or row.get("metadata", {}).get("instance_id") == instance_id:
-                    return row
-    raise DatasetError(
-        f"no training row for {instance_id or 'any instance'}",
-        file=", ".join(str(p) for p in jsonl_files),
-        field="instance_id",
-    )
-
-
-def load_tokenizer(path: str | os.PathLike | None) -> Any:
-    """The tokenizer behind the scripted policy: the configured one, else the tiny local one (built here,
-    no download) whose chat template speaks the Qwen3-coder tool-call format."""
-    from transformers import AutoTokenizer
-
-    from .proxy.tiny import tiny_tokenizer_path
-
-    return AutoTokenizer.from_pretrained(str(path or tiny_tokenizer_path()))
-
-
-def e2e_stage(
-    jsonl_files: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
-    *,
-    instance_id: str,
-    provider: Provider,
-    tokenizer: Any,
-    strict: bool = True,
-    evidence_out: str | os.PathLike | None = None,
-    network: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The rule's body: find the row, run both policies, write the report; EvalError when a check failed.
-
-    With `strict`, a failed check raises (after logging the full report) and nothing is written.
-    `evidence_out`: every grading's whole log and status map, gzip JSON lines (one per policy).
-    """
-    row = find_row(jsonl_files, instance_id)
-    evidence: list[dict[str, Any]] = []
-    report = e2e_check(row, provider=provider, tokenizer=tokenizer, evidence=evidence, network=network)
-    if strict and not report["ok"]:
-        log.error("e2e report: %s", json.dumps(report, sort_keys=True))
-        bad = [f"{k}: {v['status']} reward={v['reward']} reason={v['failure_reason']} error={v['error']}"
-               for k, v in report["policies"].items() if not v["ok"]]  # fmt: skip
-        raise EvalError("end-to-end check failed: " + "; ".join(bad), file=str(out), row=instance_id)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    if evidence_out is not None:
-        from .grading.evaluate import write_evidence
-
-        write_evidence(evidence_out, evidence)
-    atomic_write_json(out, report)
-    return report

@@ -1,4 +1,5 @@
-"""The sandbox stage as plain functions: artifacts, one template per image, smoke markers, summary."""
+"""The sandbox stage (rules/sandbox.smk) as plain functions: artifacts, one template per image, smoke markers,
+summary."""
 
 from __future__ import annotations
 
@@ -9,15 +10,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import SandboxError
-from .util import atomic_write_json, read_json
+from ..errors import SandboxError
+from ..rulekit import from_snakemake
+from ..sandbox.registry import provider_from_config
+from ..util import atomic_write_json, read_json
+
+__all__ = [
+    "build_template_step",
+    "claude_code_artifact",
+    "from_snakemake",
+    "runtime_wheel",
+    "smoke_step",
+    "smoke_summary",
+]
 
 log = logging.getLogger("sweflow.stages")
 
 
 def claude_code_artifact(out: str | os.PathLike, *, version: str) -> dict[str, Any]:
     """Fetch the pinned Claude Code binary (npm platform package) next to `out`; write its checksum record."""
-    from .sandbox.artifacts import fetch_claude
+    from ..sandbox.artifacts import fetch_claude
 
     folder = Path(out).parent
     folder.mkdir(parents=True, exist_ok=True)
@@ -30,7 +42,7 @@ def claude_code_artifact(out: str | os.PathLike, *, version: str) -> dict[str, A
 
 def runtime_wheel(out: str | os.PathLike) -> dict[str, Any]:
     """Build the sweflow wheel for the in-sandbox runtime (reproducible) next to `out`; write its record."""
-    from .sandbox.artifacts import build_wheel
+    from ..sandbox.artifacts import build_wheel
 
     folder = Path(out).parent
     folder.mkdir(parents=True, exist_ok=True)
@@ -38,30 +50,6 @@ def runtime_wheel(out: str | os.PathLike) -> dict[str, Any]:
     atomic_write_json(out, info)
     log.info("runtime wheel %s: sha256 %s", info["path"], info["sha256"])
     return info
-
-
-def provider_from_config(name: str, cfg: Mapping[str, Any], *, purpose: str = "run"):
-    """The provider named `name`, configured from the `sandbox` config section, for one purpose:
-
-    - "run": agent sandboxes (the blackbox server started; egress to the proxy only, given at create);
-    - "build": template builds (Docker: no network namespace of their own);
-    - "eval": fresh evaluations (no network and no blackbox server: grading needs neither).
-    """
-    from .sandbox.registry import get_provider
-
-    server = {} if purpose == "run" else {"start_server": False}
-    if name == "local":
-        return get_provider("local", templates_root=(cfg.get("local") or {}).get("templates_root"), **server)
-    if name == "docker":
-        d = cfg.get("docker") or {}
-        return get_provider(
-            "docker",
-            cpu=d.get("cpus", 2),
-            memory_mb=d.get("mem_mb", 4096),
-            pids_limit=d.get("pids_limit", 1024),
-            **server,
-        )
-    return get_provider(name)
 
 
 def _artifact_path(record_file: str | os.PathLike) -> Path:
@@ -86,8 +74,8 @@ def build_template_step(
         data = {"image": image, "provider": provider, "template": image, "ok": True, "build": "prebuilt"}
         atomic_write_json(out, data)
         return data
-    from .sandbox.build import build_and_record, write_build_record
-    from .sandbox.spec import TemplateSpec
+    from ..sandbox.build import build_and_record, write_build_record
+    from ..sandbox.spec import TemplateSpec
 
     e2b = cfg.get("e2b", {})
     spec = TemplateSpec(
@@ -114,7 +102,7 @@ def build_template_step(
 def _template_source(rec: dict[str, Any], provider: str, cfg: Mapping[str, Any], tmp: Path) -> dict[str, Any]:
     """Where a template's repository comes from. Task images from a registry carry it at /testbed; the
     embedded sample's images are built here from the sample repository (no registry needed)."""
-    from .sample import REPO_NAME, materialize_repo
+    from ..sample import REPO_NAME, materialize_repo
 
     if rec["repo"] != REPO_NAME:
         return {}
@@ -123,7 +111,7 @@ def _template_source(rec: dict[str, Any], provider: str, cfg: Mapping[str, Any],
     if provider == "local":
         return {"repo": repo, "commit": commit}
     if provider == "docker":
-        from .sandbox.images import build_base_image, build_task_image
+        from ..sandbox.images import build_base_image, build_task_image
 
         base = build_base_image(cfg.get("base_image", "sweflow/base:bookworm"))
         build_task_image(rec["image"], repo, commit, base=base)
@@ -135,7 +123,7 @@ def smoke_step(
 ) -> dict[str, Any]:
     """Smoke-test one built template (health and status from inside and through the port URL); always writes
     a marker, with ok: false and the failing step when the build or the smoke test failed."""
-    from .sandbox.smoke import smoke
+    from ..sandbox.smoke import smoke
 
     rec = read_json(record_file)
     base = {"image": rec["image"], "provider": provider, "template": rec.get("template")}

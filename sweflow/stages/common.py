@@ -1,0 +1,41 @@
+"""What `rules/common.smk` and the Snakefile call: checkpoint listings, the runtime source hash, the run
+manifest and the leftovers of killed runs. Imported at workflow parse time, so every function is cheap and
+imports its domain module only when called."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..dataset.images import image_key
+
+
+def image_keys_from_listing(listing: str | os.PathLike) -> list[str]:
+    """The per-image keys of a list_images listing (one image name per line)."""
+    return [image_key(line.strip()) for line in Path(listing).read_text().splitlines() if line.strip()]
+
+
+def listed_ids(listing: str | os.PathLike) -> list[str]:
+    """The instance ids of a validation_tasks listing (one per line)."""
+    return [x.strip() for x in Path(listing).read_text().splitlines() if x.strip()]
+
+
+def runtime_source_hash(basedir: str | os.PathLike) -> str:
+    """Hash of the sweflow sources that go into the in-sandbox runtime wheel (`sweflow.sandbox.artifacts`)."""
+    from ..sandbox.artifacts import source_hash
+
+    return source_hash(Path(basedir))
+
+
+def write_run_manifest(path: str | os.PathLike, root: str | os.PathLike = ".") -> None:
+    """The run manifest of every recorded artifact (`sweflow.provenance.write_manifest`)."""
+    from ..provenance import write_manifest
+
+    write_manifest(path, root=root)
+
+
+def reap_leftovers() -> None:
+    """Remove the sandboxes and build folders of earlier, killed runs (`sweflow.sandbox.ledger`)."""
+    from ..sandbox.ledger import reap_on_start
+
+    reap_on_start()

@@ -1,0 +1,243 @@
+"""The validate stage (rules/validate.smk) as plain functions: per-task inputs, one task's verdict, the summary.
+
+``write_task_inputs`` (checkpoint: one byte-stable file per task = the JSONL row's metadata plus the gold
+patch from the split parquet), ``validate_task_file`` (one task, in fresh sandboxes: the verdicts are
+``sweflow.grading.validation``'s; every evaluation's whole log and status map go gzip-compressed next to
+the verdict, ``sweflow.grading.evaluate.write_evidence``), ``summarize`` (report + ``tasks.valid.jsonl``;
+broken tasks are listed with their reason, never silently dropped; ``error`` tasks are retried next run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import DatasetError
+from ..grading.evaluate import EvalResult, eval_network, evaluate_patch, write_evidence
+from ..grading.validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, VERDICTS, validate_task
+from ..rulekit import from_snakemake
+from ..sandbox.base import Provider
+from ..sandbox.registry import provider_from_config
+from ..util import atomic_write, atomic_write_json, read_json, stable_json, write_if_changed
+
+__all__ = [
+    "from_snakemake",
+    "summarize",
+    "validate_task_file",
+    "validate_task_step",
+    "write_task_inputs",
+]
+
+log = logging.getLogger("sweflow.validation")
+
+
+# ----- checkpoint: per-task inputs ----------------------------------------------------------------------
+def read_jsonl_rows(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(instance_id, raw line) of every row of a training JSONL, in file order."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(keepends=True), 1):
+        if not line.strip():
+            continue
+        try:
+            iid = json.loads(line)["metadata"]["instance_id"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DatasetError(f"bad training row: {exc}", file=str(path), row=n, field="metadata") from None
+        out.append((iid, line if line.endswith("\n") else line + "\n"))
+    return out
+
+
+def gold_patches(parquet: str | os.PathLike, *, split: str, shape: str = "auto") -> dict[str, str]:
+    """instance_id -> gold patch, read from the split parquet (the JSONL never carries it)."""
+    from ..dataset.splits import load_split
+
+    instances, _ = load_split(parquet, split=split, shape=shape)
+    return {i["instance_id"]: i.get("patch") or "" for i in instances}
+
+
+def write_task_inputs(
+    jsonl: str | os.PathLike,
+    parquet: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    listing: str | os.PathLike,
+    *,
+    split: str,
+    shape: str = "auto",
+) -> list[str]:
+    """One ``<instance_id>.json`` per JSONL row ({instance_id, metadata, gold_patch}) and the id listing.
+
+    Files are rewritten only when their bytes change and stale ones are removed, so a changed row
+    re-validates one task. A JSONL row whose instance is absent from the parquet raises DatasetError.
+    """
+    rows = read_jsonl_rows(jsonl)
+    gold = gold_patches(parquet, split=split, shape=shape)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    keep = set()
+    for iid, line in rows:
+        if iid not in gold:
+            raise DatasetError(
+                "training row has no instance in the split parquet",
+                file=str(parquet),
+                row=iid,
+                field="instance_id",
+            )
+        data = {"instance_id": iid, "metadata": json.loads(line)["metadata"], "gold_patch": gold[iid]}
+        write_if_changed(out / f"{iid}.json", stable_json(data))
+        keep.add(f"{iid}.json")
+    for stale in out.glob("*.json"):
+        if stale.name not in keep:
+            stale.unlink()
+    ids = [iid for iid, _ in rows]
+    atomic_write(listing, "".join(f"{i}\n" for i in ids))
+    log.info("%d tasks to validate", len(ids))
+    return ids
+
+
+def validate_task_file(
+    task_file: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    provider: Provider,
+    repeats: int = 2,
+    parallel: int = 1,
+    evidence_out: str | os.PathLike | None = None,
+    network_cfg: Mapping[str, Any] | None = None,
+    error_attempts: int = ERROR_ATTEMPTS,
+    error_backoff: float = ERROR_BACKOFF_S,
+    evaluate: Callable[..., EvalResult] = evaluate_patch,
+) -> dict[str, Any]:
+    """Validate the task in ``task_file`` (written by write_task_inputs) and write its record atomically;
+    ``evidence_out`` gets every evaluation's log and status map (``write_evidence``). ``network_cfg`` is
+    the ``sandbox.network`` config section."""
+    task = read_json(task_file)
+    meta = task["metadata"]
+    evidence: list[dict[str, Any]] = []
+    rec = validate_task(
+        provider,
+        meta,
+        task.get("gold_patch") or "",
+        repeats=repeats,
+        parallel=parallel,
+        sandbox_timeout=float(meta.get("sandbox_timeout_sec") or 3600),
+        error_attempts=error_attempts,
+        error_backoff=error_backoff,
+        network=eval_network(network_cfg, str(meta.get("repo") or "")),
+        evidence=evidence,
+        evaluate=evaluate,
+    )
+    if evidence_out is not None:
+        write_evidence(evidence_out, evidence)
+    atomic_write_json(out, rec)
+    if rec["verdict"] == "error":
+        log.error(
+            "%s: could not be validated, an infrastructure failure (%s); not a verdict about the task: it "
+            "is left out of tasks.valid.jsonl and the next run validates it again",
+            rec["instance_id"],
+            rec["reason"],
+        )
+    else:
+        log.info(
+            "%s: %s%s", rec["instance_id"], rec["verdict"], f" ({rec['reason']})" if rec["reason"] else ""
+        )
+    return rec
+
+
+def validate_task_step(
+    task_file: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    provider: str,
+    cfg: Mapping[str, Any],
+    validation: Mapping[str, Any],
+    parallel: int = 1,
+    evidence_out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """``validate_task_file`` with the provider for fresh evaluations made from the ``sandbox`` config section
+    ``cfg``; ``validation`` is the ``validation`` config section (repeats, error_attempts, error_backoff_sec)."""
+    return validate_task_file(
+        task_file,
+        out,
+        provider=provider_from_config(provider, cfg, purpose="eval"),
+        repeats=validation["repeats"],
+        parallel=parallel,
+        evidence_out=evidence_out,
+        network_cfg=cfg.get("network"),
+        error_attempts=validation.get("error_attempts", ERROR_ATTEMPTS),
+        error_backoff=validation.get("error_backoff_sec", ERROR_BACKOFF_S),
+    )
+
+
+# ----- summary ------------------------------------------------------------------------------------------
+def summarize(
+    jsonl: str | os.PathLike,
+    results: Iterable[str | os.PathLike],
+    summary_out: str | os.PathLike,
+    valid_out: str | os.PathLike,
+    *,
+    dataset: str = "",
+    split: str = "",
+    task_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Write the summary report and ``tasks.valid.jsonl`` (the JSONL's own lines, in order, valid ones only).
+
+    Every JSONL task appears in the summary: valid, under ``broken`` (a verdict about the task) or under
+    ``errors`` (verdict ``error``: the infrastructure failed, nothing is known about the task; a task with
+    no result file is one too, reason ``no validation result``). With ``task_dir`` (the per-task inputs)
+    each error task's input file is touched, so its result is out of date and the next run retries it.
+    """
+    by_id: dict[str, dict[str, Any]] = {}
+    for path in results:
+        rec = read_json(path)
+        by_id[rec["instance_id"]] = rec
+    rows = read_jsonl_rows(jsonl)
+    verdicts: Counter[str] = Counter()
+    broken, errors, kept = [], [], []
+    for iid, line in rows:
+        rec = by_id.get(iid)
+        verdict = rec["verdict"] if rec else "error"
+        reason = rec.get("reason") if rec else "no validation result"
+        verdicts[verdict] += 1
+        if verdict == "valid":
+            kept.append(line)
+        elif verdict == "error":
+            errors.append({"instance_id": iid, "verdict": verdict, "reason": reason})
+        else:
+            broken.append({"instance_id": iid, "verdict": verdict, "reason": reason})
+    summary = {
+        "dataset": dataset,
+        "split": split,
+        "tasks": len(rows),
+        "valid": len(kept),
+        "verdicts": {v: verdicts.get(v, 0) for v in VERDICTS},
+        "broken": broken,
+        "errors": errors,
+    }
+    atomic_write(valid_out, "".join(kept))
+    atomic_write_json(summary_out, summary)
+    log.info(
+        "validation: %d/%d tasks valid; %d broken (left out): %s",
+        len(kept),
+        len(rows),
+        len(broken),
+        [f"{b['instance_id']} ({b['verdict']})" for b in broken],
+    )
+    if errors:
+        log.error(
+            "validation: %d tasks could NOT be validated (infrastructure failures, not verdicts about the "
+            "tasks; left out of tasks.valid.jsonl this time, the next run retries them): %s",
+            len(errors),
+            "; ".join(f"{e['instance_id']}: {e['reason']}" for e in errors),
+        )
+        if task_dir is not None:
+            now = time.time()
+            for e in errors:
+                task = Path(task_dir) / f"{e['instance_id']}.json"
+                if task.exists():
+                    os.utime(task, (now, now))
+    return summary
