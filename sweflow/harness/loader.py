@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweflow.errors import HarnessError
+from sweflow.harness import standalone
 
 SUPPORTED_PACKAGES_HINT = "install swebench 4.x or 5.x, or the pinned swegym fork"
 ROW_SCRIPT_FIELDS = ("eval_script", "log_parser")  # what a row needs under swebench 5.x
@@ -235,9 +236,7 @@ class Harness:
 
     def standalone_parser_source(self, repo: str) -> str:
         """A stdlib-only Python program grading a log for ``repo`` (see ``standalone.standalone_parser_source``)."""
-        from sweflow.harness.standalone import standalone_parser_source
-
-        return standalone_parser_source(self, repo)
+        return standalone.standalone_parser_source(self, repo)
 
     def evaluator_command(
         self,
@@ -247,9 +246,7 @@ class Harness:
         marker: str = "SWEFLOW_REWARD_JSON=",
     ) -> str:
         """One shell command that runs the eval script and prints the reward marker line (see ``standalone``)."""
-        from sweflow.harness.standalone import evaluator_command
-
-        return evaluator_command(self, instance, timeout_sec=timeout_sec, marker=marker)
+        return standalone.evaluator_command(self, instance, timeout_sec=timeout_sec, marker=marker)
 
     def _test_cmd(self, instance: Mapping[str, Any]) -> str:
         if self.row_scripts:

@@ -16,19 +16,31 @@ import re
 import shlex
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sweflow.errors import HarnessError
 from sweflow.harness import driver
 
-if TYPE_CHECKING:
-    from sweflow.harness.loader import Harness
-
 DRIVER_PATH = Path(driver.__file__)
 WORKDIR = "/tmp/sweflow_eval"
 _LITERALS = (str, int, float, bool, type(None), bytes)
+
+
+class LoadedHarness(Protocol):
+    """What the program and the command need of a loaded harness package (``sweflow.harness.loader.Harness``,
+    which calls this module for its ``standalone_parser_source`` and ``evaluator_command``)."""
+
+    package: str
+    start_marker: str | None
+    end_marker: str | None
+
+    def parser_for(self, repo: str) -> Callable[..., Any] | None: ...
+
+    def parser_for_instance(self, instance: Mapping[str, Any]) -> Callable[..., Any] | None: ...
+
+    def eval_script(self, instance: Mapping[str, Any], *, instrument: bool = False) -> str: ...
 
 
 def _is_literal(value: Any) -> bool:
@@ -145,7 +157,7 @@ def _package_version(package: str) -> str:
         return "unknown"
 
 
-def standalone_parser_source(harness: Harness, repo: str, parser: Any = None) -> str:
+def standalone_parser_source(harness: LoadedHarness, repo: str, parser: Any = None) -> str:
     """A self-contained Python 3 program grading one log for ``repo``; see the module docstring.
 
     Usage inside a sandbox: ``python3 prog.py --log LOG --tests TESTS.json --eval-returncode N
@@ -203,7 +215,7 @@ def pack(data: str) -> str:
     return base64.b64encode(gzip.compress(data.encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
 
 
-def evaluator_files(harness: Harness, instance: Mapping[str, Any]) -> dict[str, str]:
+def evaluator_files(harness: LoadedHarness, instance: Mapping[str, Any]) -> dict[str, str]:
     """The three files the evaluator writes: eval script (instrumented), parser program, expected tests."""
     return {
         f"{WORKDIR}/eval.sh": harness.eval_script(instance, instrument=True),
@@ -215,7 +227,7 @@ def evaluator_files(harness: Harness, instance: Mapping[str, Any]) -> dict[str, 
 
 
 def evaluator_command(
-    harness: Harness,
+    harness: LoadedHarness,
     instance: Mapping[str, Any],
     *,
     timeout_sec: int = 1200,

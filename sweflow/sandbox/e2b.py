@@ -5,8 +5,8 @@ template with the SDK's v2 builder (see `sweflow.sandbox.e2b_template`). The API
 the argument or E2B_API_KEY and never appears in a message or log line. E2B_API_URL /
 E2B_SANDBOX_URL / E2B_DOMAIN / E2B_DEBUG are honoured by the SDK (tests point them at local fakes).
 
-Retries: the SDK's own response retries are switched off (retries=0) so that this module owns
-the policy in one place: `attempts` tries with backoff on 5xx, 429 and timeouts; a 4xx (unknown
+Retries: the SDK's own response retries are switched off (retries=0) so that `sweflow.sandbox.e2b_api`
+owns the policy in one place: `attempts` tries with backoff on 5xx, 429 and timeouts; a 4xx (unknown
 template, bad key) fails at once. Sandbox creation reuses one idempotency key across its tries, so
 a create whose answer was lost to a timeout does not leave a second sandbox behind.
 """
@@ -16,67 +16,38 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import secrets
 import shlex
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 from e2b import (
-    AuthenticationException,
     CommandExitException,
-    RateLimitException,
     SandboxException,
     SandboxNotRunningException,
     SandboxUnreachableException,
-    ServiceBusyException,
     TimeoutException,
 )
 from e2b import Sandbox as SdkSandbox
 
 from ..errors import SandboxError
-from ..util import redact, retry
 from .base import LOGGED_MAX_BYTES, OUTPUT_TAIL_CHARS, CommandResult, SandboxBase, TemplateRecord, tail
+from .e2b_api import E2BApi, status_of
+from .e2b_template import build_e2b_template
 from .logged import LogSink
 
 log = logging.getLogger("sweflow.sandbox.e2b")
-
-T = TypeVar("T")
 
 TIMED_OUT_EXIT_CODE = 124  # what coreutils `timeout` returns; used when a command hit its deadline
 KILLED_EXIT_CODE = 137  # 128 + SIGKILL: a background command stopped by kill()
 CONTROL_TIMEOUT = 60.0  # seconds for the short helper commands of background jobs
 TOKEN_FILE = "/run/sweflow/blackbox.token"  # where the server looks (its start command never sees our envs)
 RUN_MARK = "SWEFLOW_LOGGED_RUN"  # marks run_logged's processes so leftovers can be found and killed
-
-
-class _Transient(Exception):
-    """A failure worth another try (5xx, 429, timeouts, dropped connections)."""
-
-
-def _status_of(exc: BaseException) -> int | None:
-    status = getattr(exc, "status_code", None)
-    if isinstance(status, int):
-        return status
-    m = re.match(r"(\d{3}):", str(exc))
-    return int(m.group(1)) if m else None
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether an SDK error is worth retrying: timeouts, connection faults, 429 and 5xx answers."""
-    if isinstance(exc, (httpx.TimeoutException, httpx.TransportError, TimeoutError, ConnectionError)):
-        return True
-    if isinstance(exc, (TimeoutException, RateLimitException, ServiceBusyException)):
-        return True
-    if isinstance(exc, AuthenticationException):
-        return False
-    status = _status_of(exc)
-    return status is not None and (status >= 500 or status == 429)
 
 
 class _TailBuffer:
@@ -98,90 +69,13 @@ class _TailBuffer:
         return tail("".join(self.parts), self.limit)
 
 
-class E2BProvider:
-    """Creates E2B sandboxes and builds E2B templates.
-
-    `request_timeout` bounds each control-plane request (create, kill, build calls), `attempts`
-    is the number of tries for transient faults. `api_url`/`sandbox_url`/`debug` are for tests
-    and self-hosted deployments; leave them None to use the SDK's environment variables.
-    """
+class E2BProvider(E2BApi):
+    """Creates E2B sandboxes and builds E2B templates (the settings and retry policy are `E2BApi`'s)."""
 
     name = "e2b"
 
-    def __init__(
-        self,
-        api_key: str | None = None,
-        *,
-        domain: str | None = None,
-        request_timeout: float = 30.0,
-        attempts: int = 3,
-        backoff: float = 1.0,
-        api_url: str | None = None,
-        sandbox_url: str | None = None,
-        debug: bool | None = None,
-    ) -> None:
-        self._api_key = api_key or os.environ.get("E2B_API_KEY") or ""
-        if not self._api_key:
-            raise SandboxError("no E2B API key", field="E2B_API_KEY", hint="set E2B_API_KEY or pass api_key")
-        self.domain = domain
-        self.request_timeout = request_timeout
-        self.attempts = max(1, attempts)
-        self.backoff = backoff
-        self.api_url = api_url
-        self.sandbox_url = sandbox_url
-        self.debug = debug
-
     def __repr__(self) -> str:  # never show the key
         return f"E2BProvider(domain={self.domain!r}, api_url={self.api_url!r}, attempts={self.attempts})"
-
-    # -- shared plumbing -------------------------------------------------------------------------
-    def api_params(self, request_timeout: float | None = None) -> dict[str, Any]:
-        """Keyword arguments (the SDK's ApiParams) for every SDK call; holds the key: do not log."""
-        opts: dict[str, Any] = {
-            "api_key": self._api_key,
-            "request_timeout": self.request_timeout if request_timeout is None else request_timeout,
-            "retries": 0,
-        }
-        for key in ("domain", "api_url", "sandbox_url", "debug"):
-            value = getattr(self, key)
-            if value is not None:
-                opts[key] = value
-        return opts
-
-    def clean(self, exc: BaseException | str) -> str:
-        """An error text safe to show: one line, the API key redacted."""
-        text = str(exc) or type(exc).__name__
-        return " ".join(redact(text, [self._api_key]).split())
-
-    def call(self, fn: Callable[[], T], *, what: str, file: str | None = None, row: str | None = None) -> T:
-        """Run one SDK call with the retry policy; permanent faults and exhausted tries raise SandboxError."""
-
-        def once() -> T:
-            try:
-                return fn()
-            except SandboxError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - every SDK fault is classified here
-                if is_transient(exc):
-                    raise _Transient(f"{type(exc).__name__}: {self.clean(exc)}") from exc
-                raise SandboxError(f"{what} failed: {self.clean(exc)}", file=file, row=row) from exc
-
-        try:
-            return retry(
-                once,
-                attempts=self.attempts,
-                backoff=self.backoff,
-                retry_on=(_Transient,),
-                give_up_on=(SandboxError,),
-                what=what,
-            )
-        except _Transient as exc:
-            raise SandboxError(
-                f"{what} failed after {self.attempts} attempts: {exc}",
-                file=file,
-                row=row,
-                hint="the E2B service is unavailable or slow; retry later",
-            ) from exc
 
     def _port_scheme(self) -> str:
         debug = self.debug if self.debug is not None else os.environ.get("E2B_DEBUG", "").lower() == "true"
@@ -232,7 +126,7 @@ class E2BProvider:
             )
         except SandboxError as exc:
             cause = exc.__cause__
-            if cause is not None and _status_of(cause) == 404:
+            if cause is not None and status_of(cause) == 404:
                 raise SandboxError(
                     f"E2B template {template!r} not found",
                     file=template,
@@ -264,8 +158,6 @@ class E2BProvider:
         """Build the E2B template `name` for a template spec (or its fields as keywords).
 
         See `sweflow.sandbox.e2b_template.build_e2b_template` for what is built and how."""
-        from .e2b_template import build_e2b_template
-
         return build_e2b_template(
             self,
             spec,

@@ -24,17 +24,15 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from e2b import Template, TemplateClass, wait_for_url
 
 from ..errors import SandboxError
 from ..util import sha256_bytes, stable_json
 from .base import TemplateRecord
+from .e2b_api import E2BApi
 from .spec import TemplateSpec
-
-if TYPE_CHECKING:
-    from .e2b import E2BProvider
 
 log = logging.getLogger("sweflow.sandbox.e2b")
 
@@ -172,7 +170,7 @@ def describe_step(step: str | None, steps: list[dict[str, Any]], image: str) -> 
 
 
 def build_e2b_template(
-    provider: E2BProvider,
+    provider: E2BApi,
     spec: Any,
     name: str | None,
     *,
@@ -224,7 +222,7 @@ def build_e2b_template(
 
 
 def _wait_for_build(
-    provider: E2BProvider,
+    provider: E2BApi,
     info: Any,
     image: str,
     steps: list[dict[str, Any]],

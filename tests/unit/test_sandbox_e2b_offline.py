@@ -18,7 +18,8 @@ from e2b import (
 )
 
 from sweflow.errors import SandboxError
-from sweflow.sandbox.e2b import E2BProvider, _TailBuffer, is_transient
+from sweflow.sandbox.e2b import E2BProvider, _TailBuffer
+from sweflow.sandbox.e2b_api import is_transient
 from sweflow.sandbox.e2b_template import (
     describe_step,
     e2b_template_from_spec,
