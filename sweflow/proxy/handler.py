@@ -15,11 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sweflow.blackbox.httpio import linger
+from sweflow.blackbox.server import MAX_JSON_DEPTH, json_depth_ok
 from sweflow.proxy import anthropic as an
 
 log = logging.getLogger("sweflow.proxy")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-MAX_JSON_DEPTH = 64
 
 
 class HttpError(Exception):
@@ -28,18 +28,6 @@ class HttpError(Exception):
     def __init__(self, status: int, error_type: str, message: str) -> None:
         super().__init__(message)
         self.status, self.error_type, self.message = status, error_type, message
-
-
-def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether decoded JSON nests at most `limit` containers deep (checked without recursion)."""
-    stack = [(value, 1)] if isinstance(value, dict | list) else []
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return False
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return True
 
 
 def check_session_id(session_id: Any) -> None:
