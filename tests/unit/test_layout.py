@@ -1,0 +1,184 @@
+"""The tree reads as the architecture: rules/<stage>.smk -> scripts/<rule>.py -> sweflow/stages/<stage>.py ->
+domain packages, with no import cycles and no mechanism defined twice."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "sweflow"
+RULES = sorted((ROOT / "rules").glob("*.smk"))
+STAGES = PKG / "stages"
+SCRIPT_RE = re.compile(r"^\s*script:\s*\n\s*f?[\"']([^\"']+)[\"']", re.M)
+WORKFLOW_IMPORT_RE = re.compile(r"^\s*(?:from|import)\s+(sweflow(?:\.\w+)*)", re.M)
+# What the Snakefile and rules/*.smk may import at parse time: their own stage module and the cross-cutting
+# config, errors and redaction.
+WORKFLOW_MODULES = {"sweflow.stages.common", "sweflow.config", "sweflow.errors", "sweflow.util"}
+# Public module-level functions that share a name but are different things (not one mechanism twice).
+SAME_NAME_DIFFERENT_THING = {
+    "main": "each `python -m` entry point has its own",
+    "build_parser": "the `sweflow` CLI and the proxy's command line",
+    "new_id": "a Docker sandbox id vs. an Anthropic-style message/tool id",
+    "parse_statuses": "the sample generator reads its own pytest summary; the harness driver runs a harness "
+    "parser (and is embedded byte for byte in every evaluator command)",
+}
+
+
+def source_files() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "repo_files" not in p.parts)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """Every sweflow module `path` imports, at any level (functions and TYPE_CHECKING blocks included);
+    `from package import name` counts as the submodule when `name` is one."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = source_files()
+    modules = {module_name(p) for p in files}
+    return {module_name(p): imported_modules(p, modules) for p in files}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def script_stages() -> dict[str, str]:
+    """scripts/<name>.py -> the rules file (stage) whose rule runs it."""
+    owner: dict[str, str] = {}
+    for rules in RULES:
+        for script in SCRIPT_RE.findall(rules.read_text(encoding="utf-8")):
+            name = Path(script).name
+            assert owner.get(name, rules.stem) == rules.stem, f"{name} is run by two rules files"
+            owner[name] = rules.stem
+    return owner
+
+
+def test_every_rules_file_has_its_stage_module_and_nothing_else_is_one():
+    stems = {r.stem for r in RULES}
+    modules = {p.stem for p in STAGES.glob("*.py")} - {"__init__"}
+    assert stems - {"common"} <= modules, f"rules files without a sweflow/stages module: {stems - modules}"
+    assert modules <= stems, f"sweflow/stages modules without a rules file: {modules - stems}"
+
+
+def test_every_script_is_run_by_a_rule():
+    owner = script_stages()
+    scripts = {p.name for p in (ROOT / "scripts").glob("*.py")}
+    assert scripts == set(owner), f"scripts no rule runs: {scripts - set(owner)}"
+
+
+@pytest.mark.parametrize("script", sorted(script_stages()), ids=str)
+def test_a_script_imports_sweflow_only_through_its_stage_module(script):
+    stage = f"sweflow.stages.{script_stages()[script]}"
+    tree = ast.parse((ROOT / "scripts" / script).read_text(encoding="utf-8"))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    sweflow = {m for m in imported if m.split(".")[0] == "sweflow"}
+    assert sweflow == {stage}, f"{script} imports {sorted(sweflow)}; only {stage} is its stage"
+
+
+def test_the_workflow_imports_only_its_glue():
+    for path in [ROOT / "Snakefile", *RULES]:
+        imported = set(WORKFLOW_IMPORT_RE.findall(path.read_text(encoding="utf-8")))
+        assert imported <= WORKFLOW_MODULES, f"{path.name} imports {sorted(imported - WORKFLOW_MODULES)}"
+
+
+def test_no_import_cycles_among_sweflow_modules():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_public_function_is_defined_twice():
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in source_files():
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_"):
+                where[node.name].append(module_name(path))
+    twice = {k: v for k, v in where.items() if len(v) > 1 and k not in SAME_NAME_DIFFERENT_THING}
+    assert twice == {}
+    assert where["provider_from_config"] == ["sweflow.sandbox.registry"]
+
+
+def test_every_package_says_what_it_owns():
+    for init in sorted(PKG.rglob("__init__.py")):
+        if "repo_files" in init.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and len(doc.split()) >= 8, f"{init.relative_to(ROOT)} has no docstring saying what it owns"
+
+
+def test_no_grab_bag_module_names():
+    names = {p.stem for p in source_files()}
+    assert not names & {"utils2", "helpers", "misc", "common_utils", "stuff"}
