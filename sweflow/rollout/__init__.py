@@ -10,6 +10,8 @@ Typical use (a trainer's rollout function):
                    config=RolloutConfig(max_concurrency=16))
     for result in d.run_group(row, n=8):           # RolloutResult per group index
         batch.extend(result.training_samples())   # token_ids, loss_mask, rollout_logprobs, reward, ...
+
+`sweflow.rollout.e2e` runs one sample task this way with two scripted policies (the end-to-end check).
 """
 
 from sweflow.rollout.clients import (
