@@ -1,0 +1,49 @@
+"""provider_from_config: one place turns the `sandbox` config section into a provider, per purpose."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweflow.sandbox import registry
+
+CFG = {
+    "local": {"templates_root": "/tmp/templates"},
+    "docker": {"cpus": 3, "mem_mb": 2048, "pids_limit": 99},
+    "network": {"docker_network": "evalnet"},
+}
+
+
+class Made:
+    internet_network = "bridge"
+
+    def __init__(self, name, **options):
+        self.name, self.options = name, options
+
+
+@pytest.fixture
+def made(monkeypatch):
+    monkeypatch.setattr(registry, "get_provider", lambda name, **options: Made(name, **options))
+
+
+@pytest.mark.parametrize(
+    ("purpose", "server"),
+    [("run", {}), ("build", {"start_server": False}), ("eval", {"start_server": False})],
+)
+def test_local_and_docker_options_come_from_their_sections(made, purpose, server):
+    local = registry.provider_from_config("local", CFG, purpose=purpose)
+    docker = registry.provider_from_config("docker", CFG, purpose=purpose)
+    assert local.options == {"templates_root": "/tmp/templates", **server}
+    assert docker.options == {"cpu": 3, "memory_mb": 2048, "pids_limit": 99, **server}
+
+
+def test_only_fresh_evaluations_join_the_configured_docker_network(made):
+    assert registry.provider_from_config("docker", CFG, purpose="eval").internet_network == "evalnet"
+    assert registry.provider_from_config("docker", CFG, purpose="run").internet_network == "bridge"
+    assert registry.provider_from_config("docker", {}, purpose="eval").internet_network == "bridge"
+
+
+def test_defaults_and_other_providers(made):
+    docker = registry.provider_from_config("docker", None)
+    assert docker.options == {"cpu": 2, "memory_mb": 4096, "pids_limit": 1024}
+    assert registry.provider_from_config("local", {}).options == {"templates_root": None}
+    assert registry.provider_from_config("e2b", CFG, purpose="eval").options == {}
