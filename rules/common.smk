@@ -122,6 +122,19 @@ def validation_results(wildcards):
     )
 
 
+def reopen_error_summaries():
+    """Validation summaries with `error` tasks re-run next time (see sweflow.validation.reopen_summaries)."""
+    from sweflow.validation import reopen_summaries
+
+    reopen_summaries(
+        expand(
+            "results/{dataset}/{split}/validation-summary.json",
+            dataset=DATASET,
+            split=SPLITS,
+        )
+    )
+
+
 def write_run_manifest():
     from sweflow.provenance import write_manifest
 

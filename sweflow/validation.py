@@ -14,7 +14,7 @@ resolve, the empty patch must not, each ``repeats`` times so flaky tests show up
 An infrastructure failure is retried (``validation.error_attempts``, exponential backoff from
 ``validation.error_backoff_sec``); it is never a verdict about the task. An ``error`` task is reported
 under ``errors`` in the summary (not under ``broken``), kept out of ``tasks.valid.jsonl``, and is not
-final: ``summarize`` makes its task input newer than its result, so the next run validates it again.
+final: ``summarize`` removes its result (and record), so the next run validates it again.
 The test command timing out inside a live sandbox (``eval_timeout``) is a run outcome like any failing
 test: gold timing out every time is ``gold_fails``, sometimes ``flaky``.
 
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import DatasetError
+from .errors import DatasetError, ProvenanceError
 from .evaluate import (
     INFRA_REASONS,
     EvalResult,
@@ -347,19 +347,23 @@ def summarize(
     *,
     dataset: str = "",
     split: str = "",
-    task_dir: str | os.PathLike | None = None,
+    reopen_errors: bool = False,
 ) -> dict[str, Any]:
     """Write the summary report and ``tasks.valid.jsonl`` (the JSONL's own lines, in order, valid ones only).
 
     Every JSONL task appears in the summary: valid, under ``broken`` (a verdict about the task) or under
     ``errors`` (verdict ``error``: the infrastructure failed, nothing is known about the task; a task with
-    no result file is one too, reason ``no validation result``). With ``task_dir`` (the per-task inputs)
-    each error task's input file is touched, so its result is out of date and the next run retries it.
+    no result file is one too, reason ``no validation result``). With ``reopen_errors`` (the rule) each
+    error task's result file and its provenance record are removed once the summary is written; after the
+    run, ``reopen_summaries`` dates such a summary back, so the next run re-runs it, which first
+    re-validates the removed tasks (and only those).
     """
     by_id: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
     for path in results:
         rec = read_json(path)
         by_id[rec["instance_id"]] = rec
+        paths[rec["instance_id"]] = Path(path)
     rows = read_jsonl_rows(jsonl)
     verdicts: Counter[str] = Counter()
     broken, errors, kept = [], [], []
@@ -399,10 +403,40 @@ def summarize(
             len(errors),
             "; ".join(f"{e['instance_id']}: {e['reason']}" for e in errors),
         )
-        if task_dir is not None:
-            now = time.time()
+        if reopen_errors:
+            from .provenance.records import record_path
+
             for e in errors:
-                task = Path(task_dir) / f"{e['instance_id']}.json"
-                if task.exists():
-                    os.utime(task, (now, now))
+                result = paths.get(e["instance_id"])
+                if result is None:
+                    continue
+                result.unlink(missing_ok=True)
+                try:
+                    record_path(result).unlink(missing_ok=True)
+                except ProvenanceError:  # a result outside the provenance root has no record
+                    pass
     return summary
+
+
+def reopen_summaries(summaries: Iterable[str | os.PathLike]) -> list[str]:
+    """Date back (mtime 1) every validation summary that lists ``errors``, with its ``tasks.valid.jsonl``.
+
+    Called by the workflow once the run is over (Snakemake re-dates a job's outputs after the job, and it
+    ignores a missing intermediate file, here the removed error result, while its consumers are up to
+    date): the next run then re-runs those summaries, and so first re-validates their error tasks.
+    Returns the summaries reopened."""
+    reopened = []
+    for path in summaries:
+        summary = Path(path)
+        try:
+            errors = read_json(summary).get("errors") or []
+        except (OSError, ValueError):
+            continue
+        if not errors:
+            continue
+        for out in (summary, summary.with_name("tasks.valid.jsonl")):
+            if out.exists():
+                os.utime(out, (1, 1))
+        reopened.append(str(summary))
+        log.warning("%s: %d tasks to validate again on the next run", summary, len(errors))
+    return reopened
