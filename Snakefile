@@ -50,4 +50,9 @@ onstart:
 
 
 onsuccess:
+    reopen_error_summaries()
     write_run_manifest()
+
+
+onerror:
+    reopen_error_summaries()

@@ -121,6 +121,19 @@ def validation_results(wildcards):
     )
 
 
+def reopen_error_summaries():
+    """Validation summaries with `error` tasks re-run next time (see sweflow.stages.validate.reopen_summaries)."""
+    from sweflow.stages.common import reopen_error_summaries as reopen
+
+    reopen(
+        expand(
+            "results/{dataset}/{split}/validation-summary.json",
+            dataset=DATASET,
+            split=SPLITS,
+        )
+    )
+
+
 def write_run_manifest():
     from sweflow.stages.common import write_run_manifest as write
 

@@ -2,8 +2,8 @@
 # `validation.repeats` times, to catch flaky tests); broken tasks are reported and left out of training.
 # An infrastructure failure (dead sandbox, provider fault) is retried `validation.error_attempts` times;
 # still failing, the task's verdict is `error`: reported under `errors`, left out of tasks.valid.jsonl,
-# and validated again by the next run (the summary touches its task input). The evidence file next to
-# each verdict holds every evaluation's whole log and status map (gzip JSON lines).
+# and validated again by the next run (the summary removes its result; the run dates the summary back).
+# The evidence file next to each verdict holds every evaluation's whole log and status map (gzip JSON).
 
 
 # The gold patch comes from the split parquet (never from the JSONL); each task gets its own byte-stable
@@ -57,7 +57,5 @@ rule validation_summary:
         "logs/{dataset}/validation_summary/{split}.log",
     conda:
         "../envs/agent.yaml"
-    params:
-        tasks="results/{dataset}/{split}/validation-tasks",
     script:
         "../scripts/validation_summary.py"

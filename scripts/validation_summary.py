@@ -11,5 +11,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/validation_summary.py"):
         smk.output.valid,
         dataset=smk.wildcards.dataset,
         split=smk.wildcards.split,
-        task_dir=smk.params.tasks,
+        reopen_errors=True,
     )

@@ -14,8 +14,8 @@ resolve, the empty patch must not, each ``repeats`` times so flaky tests show up
 An infrastructure failure is retried (``validation.error_attempts``, exponential backoff from
 ``validation.error_backoff_sec``); it is never a verdict about the task. An ``error`` task is reported
 under ``errors`` in the summary (not under ``broken``), kept out of ``tasks.valid.jsonl``, and is not
-final: the validate stage's summary makes its task input newer than its result, so the next run validates it
-again.
+final: the validate stage's summary removes its result (and record) and the workflow dates the summary
+back after the run, so the next run validates it again.
 The test command timing out inside a live sandbox (``eval_timeout``) is a run outcome like any failing
 test: gold timing out every time is ``gold_fails``, sometimes ``flaky``.
 

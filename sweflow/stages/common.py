@@ -39,3 +39,10 @@ def reap_leftovers() -> None:
     from ..sandbox.ledger import reap_on_start
 
     reap_on_start()
+
+
+def reopen_error_summaries(summaries: list[str]) -> list[str]:
+    """Validation summaries with `error` tasks re-run next time (`sweflow.stages.validate.reopen_summaries`)."""
+    from .validate import reopen_summaries
+
+    return reopen_summaries(summaries)

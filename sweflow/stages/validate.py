@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError
+from ..errors import DatasetError, ProvenanceError
 from ..grading.evaluate import EvalResult, eval_network, evaluate_patch, write_evidence
 from ..grading.validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, VERDICTS, validate_task
 from ..rulekit import from_snakemake
@@ -182,19 +181,23 @@ def summarize(
     *,
     dataset: str = "",
     split: str = "",
-    task_dir: str | os.PathLike | None = None,
+    reopen_errors: bool = False,
 ) -> dict[str, Any]:
     """Write the summary report and ``tasks.valid.jsonl`` (the JSONL's own lines, in order, valid ones only).
 
     Every JSONL task appears in the summary: valid, under ``broken`` (a verdict about the task) or under
     ``errors`` (verdict ``error``: the infrastructure failed, nothing is known about the task; a task with
-    no result file is one too, reason ``no validation result``). With ``task_dir`` (the per-task inputs)
-    each error task's input file is touched, so its result is out of date and the next run retries it.
+    no result file is one too, reason ``no validation result``). With ``reopen_errors`` (the rule) each
+    error task's result file and its provenance record are removed once the summary is written; after the
+    run, ``reopen_summaries`` dates such a summary back, so the next run re-runs it, which first
+    re-validates the removed tasks (and only those).
     """
     by_id: dict[str, dict[str, Any]] = {}
+    paths: dict[str, Path] = {}
     for path in results:
         rec = read_json(path)
         by_id[rec["instance_id"]] = rec
+        paths[rec["instance_id"]] = Path(path)
     rows = read_jsonl_rows(jsonl)
     verdicts: Counter[str] = Counter()
     broken, errors, kept = [], [], []
@@ -234,10 +237,40 @@ def summarize(
             len(errors),
             "; ".join(f"{e['instance_id']}: {e['reason']}" for e in errors),
         )
-        if task_dir is not None:
-            now = time.time()
+        if reopen_errors:
+            from ..provenance.records import record_path
+
             for e in errors:
-                task = Path(task_dir) / f"{e['instance_id']}.json"
-                if task.exists():
-                    os.utime(task, (now, now))
+                result = paths.get(e["instance_id"])
+                if result is None:
+                    continue
+                result.unlink(missing_ok=True)
+                try:
+                    record_path(result).unlink(missing_ok=True)
+                except ProvenanceError:  # a result outside the provenance root has no record
+                    pass
     return summary
+
+
+def reopen_summaries(summaries: Iterable[str | os.PathLike]) -> list[str]:
+    """Date back (mtime 1) every validation summary that lists ``errors``, with its ``tasks.valid.jsonl``.
+
+    Called by the workflow once the run is over (Snakemake re-dates a job's outputs after the job, and it
+    ignores a missing intermediate file, here the removed error result, while its consumers are up to
+    date): the next run then re-runs those summaries, and so first re-validates their error tasks.
+    Returns the summaries reopened."""
+    reopened = []
+    for path in summaries:
+        summary = Path(path)
+        try:
+            errors = read_json(summary).get("errors") or []
+        except (OSError, ValueError):
+            continue
+        if not errors:
+            continue
+        for out in (summary, summary.with_name("tasks.valid.jsonl")):
+            if out.exists():
+                os.utime(out, (1, 1))
+        reopened.append(str(summary))
+        log.warning("%s: %d tasks to validate again on the next run", summary, len(errors))
+    return reopened

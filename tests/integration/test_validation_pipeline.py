@@ -102,3 +102,74 @@ def test_validation_rules_on_two_tasks(tmp_path):
         assert load_task(ids[0])["patch"].strip() not in jsonl
         again = snakemake(work, *targets)
         assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_an_infrastructure_failure_is_an_error_verdict_that_the_next_run_retries(tmp_path):
+    """A task whose sandbox cannot be created is `error` (not broken, not valid); once the provider is
+    healthy again, the next run validates that task alone and the summary takes it in."""
+    why = docker_available()
+    if why:
+        pytest.skip(why)
+    pytest.importorskip("swebench")
+    from sweflow.sandbox.images import build_sample_images, sample_image_name
+
+    ids = SPLITS["validation"]
+    build_sample_images([load_task(i) for i in ids])
+    hub = tmp_path / "hub"
+    publish_sample(hub)
+    work = tmp_path / "work"
+    work.mkdir()
+    image = sample_image_name(ids[1], prefix="sweflow-sample")
+    hidden = f"sweflow-test-hidden/{ids[1].lower()}:{os.getpid()}"
+    docker = ["docker", "image", "tag"]
+    with serve(HubStore(hub)) as url:
+        cfg = {
+            "dataset": {
+                "hub": {"endpoint": url},
+                "splits": {"validation": {"file": "validation.parquet", "rows": 2}},
+            },
+            "images": {"prefix": "sweflow-sample/sweb.eval.x86_64."},
+            "harness": {"package": "swebench", "extra_repos": "sample"},
+            "sandbox": {"provider": "docker", "prebuilt": True},
+            "validation": {"repeats": 1, "parallel": 1, "error_attempts": 2, "error_backoff_sec": 0.1},
+        }
+        (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+        targets = [
+            "results/sample/validation/validation-summary.json",
+            "results/sample/validation/tasks.valid.jsonl",
+        ]
+        snakemake(work, "results/sample/validation.jsonl")  # the task is converted while its image exists
+        subprocess.run([*docker, image, hidden], check=True, capture_output=True)
+        subprocess.run(["docker", "image", "rm", image], check=True, capture_output=True)
+        try:
+            snakemake(work, *targets)  # the run goes on: the other task is validated
+        finally:
+            subprocess.run([*docker, hidden, image], check=True, capture_output=True)
+            subprocess.run(["docker", "image", "rm", hidden], check=True, capture_output=True)
+        res = work / "results/sample/validation"
+        summary = json.loads((res / "validation-summary.json").read_text())
+        assert (summary["valid"], summary["broken"], summary["verdicts"]["error"]) == (1, [], 1)
+        (err,) = summary["errors"]
+        assert err["instance_id"] == ids[1] and "fresh_eval_exception" in err["reason"], err
+        # the error result is removed (so the next run retries the task); the evidence of every try stays
+        assert not (res / "validation" / f"{ids[1]}.json").exists()
+        from sweflow.grading.evaluate import read_evidence
+
+        tries = read_evidence(res / "validation" / f"{ids[1]}.evidence.jsonl.gz")
+        assert sorted(e["patch"] for e in tries) == ["empty", "empty", "gold", "gold"], tries
+        assert {e["failure_reason"] for e in tries} == {"fresh_eval_exception"}
+        summary_log = (work / "logs/sample/validation_summary/validation.log").read_text()
+        assert "could NOT be validated" in summary_log and ids[1] in summary_log
+        valid_ids = [
+            json.loads(line)["metadata"]["instance_id"] for line in (res / "tasks.valid.jsonl").open()
+        ]
+        assert valid_ids == [ids[0]]
+
+        second = snakemake(work, *targets)  # the provider is healthy again: only the error task re-runs
+        out = second.stdout + second.stderr
+        assert out.count("rule validate_task:") == 1 and f"instance_id={ids[1]}" in out.replace(" ", "")
+        summary = json.loads((res / "validation-summary.json").read_text())
+        assert (summary["valid"], summary["errors"], summary["broken"]) == (2, [], [])
+        assert json.loads((res / "validation" / f"{ids[1]}.json").read_text())["verdict"] == "valid"
+        third = snakemake(work, *targets)
+        assert "Nothing to be done" in third.stdout + third.stderr

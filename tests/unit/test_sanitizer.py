@@ -38,7 +38,8 @@ def sanitize(repo, base, *, user: int | None = None):
     cmd = sanitizer_command(base, str(repo))
     if user is not None:
         cmd = f"setpriv --reuid={user} --regid={user} --clear-groups {cmd}"
-    return subprocess.run(cmd, shell=True, capture_output=True, text=True, env=GIT_ENV)
+    # cwd: the repository, which the other uid can reach (a checkout under a 0700 folder it cannot)
+    return subprocess.run(cmd, shell=True, capture_output=True, text=True, env=GIT_ENV, cwd=repo)
 
 
 def commit(repo, name, text, msg):

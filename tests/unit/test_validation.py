@@ -278,14 +278,17 @@ def test_an_error_task_is_reported_apart_and_its_input_made_newer_so_a_rerun_ret
         results.append(out)
     assert "could not be validated, an infrastructure failure" in caplog.text
     caplog.clear()
-    s = summarize(jsonl, results, tmp_path / "s.json", tmp_path / "valid.jsonl", task_dir=tasks)
+    s = summarize(jsonl, results, tmp_path / "s.json", tmp_path / "valid.jsonl", reopen_errors=True)
     assert s["verdicts"]["error"] == 1 and s["broken"] == []
     assert [e["instance_id"] for e in s["errors"]] == [ids[1]] and "sandbox_lost" in s["errors"][0]["reason"]
     assert (tmp_path / "valid.jsonl").read_text().count("\n") == 1, "only the valid task"
     assert "could NOT be validated" in caplog.text and ids[1] in caplog.text
-    assert (tasks / f"{ids[0]}.json").stat().st_mtime == 1000, "a final verdict stays final"
-    retried = (tasks / f"{ids[1]}.json").stat().st_mtime
-    assert retried > 1000 and retried >= results[1].stat().st_mtime, "the error result is now out of date"
+    assert results[0].exists(), "a final verdict stays final"
+    assert not results[1].exists(), "the error result is removed: the next run validates the task again"
+    from sweflow.stages.validate import reopen_summaries
+
+    assert reopen_summaries([tmp_path / "s.json", tmp_path / "missing.json"]) == [str(tmp_path / "s.json")]
+    assert (tmp_path / "s.json").stat().st_mtime == 1, "dated back: the next run re-runs the summary"
 
 
 def test_the_evidence_file_holds_every_evaluation_and_the_network_reaches_evaluate(tmp_path):
