@@ -332,16 +332,7 @@ def load_harness(package: str = "swebench") -> Harness:
             f"harness package {package!r} has an unsupported layout (missing {', '.join(missing)})",
             hint=SUPPORTED_PACKAGES_HINT,
         )
-    return Harness(
-        package=package,
-        make_test_spec=ts_mod.make_test_spec,
-        test_spec_module=ts_mod,
-        constants=constants,
-        log_parsers=parsers,
-        grading=grading,
-        start_marker=getattr(constants, "START_TEST_OUTPUT", None),
-        end_marker=getattr(constants, "END_TEST_OUTPUT", None),
-    )
+    return _harness(package, ts_mod.make_test_spec, ts_mod, constants, parsers, grading)
 
 
 def _load_row_script_layout(package: str) -> Harness | None:
@@ -364,14 +355,19 @@ def _load_row_script_layout(package: str) -> Harness | None:
         and hasattr(parsers, "PARSER_REGISTRY")
     ):
         return None
+    return _harness(package, utils.make_test_spec, types_mod, constants, parsers, grading, row_scripts=True)
+
+
+def _harness(package, make_test_spec, test_spec_module, constants, parsers, grading, *, row_scripts=False):
+    """The Harness handles of one loaded layout; the output markers come from its constants."""
     return Harness(
         package=package,
-        make_test_spec=utils.make_test_spec,
-        test_spec_module=types_mod,
+        make_test_spec=make_test_spec,
+        test_spec_module=test_spec_module,
         constants=constants,
         log_parsers=parsers,
         grading=grading,
         start_marker=getattr(constants, "START_TEST_OUTPUT", None),
         end_marker=getattr(constants, "END_TEST_OUTPUT", None),
-        row_scripts=True,
+        row_scripts=row_scripts,
     )
