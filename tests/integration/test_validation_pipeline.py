@@ -49,7 +49,15 @@ def snakemake(work: Path, *targets: str) -> subprocess.CompletedProcess:
     return res
 
 
-def test_validation_rules_on_two_tasks(tmp_path):
+TARGETS = [
+    "results/sample/validation/validation-summary.json",
+    "results/sample/validation/tasks.valid.jsonl",
+]
+
+
+def _prepare(tmp_path: Path) -> tuple[list[str], Path, Path]:
+    """Docker images of the two validation tasks, the sample published to a local Hub folder, and an empty
+    work folder; skips without Docker or swebench. Returns (ids, hub folder, work folder)."""
     why = docker_available()
     if why:
         pytest.skip(why)
@@ -62,22 +70,28 @@ def test_validation_rules_on_two_tasks(tmp_path):
     publish_sample(hub)
     work = tmp_path / "work"
     work.mkdir()
+    return ids, hub, work
+
+
+def _write_config(work: Path, url: str, validation: dict) -> None:
+    cfg = {
+        "dataset": {
+            "hub": {"endpoint": url},
+            "splits": {"validation": {"file": "validation.parquet", "rows": 2}},
+        },
+        "images": {"prefix": "sweflow-sample/sweb.eval.x86_64."},
+        "harness": {"package": "swebench", "extra_repos": "sample"},
+        "sandbox": {"provider": "docker", "prebuilt": True},
+        "validation": validation,
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+
+
+def test_validation_rules_on_two_tasks(tmp_path):
+    ids, hub, work = _prepare(tmp_path)
     with serve(HubStore(hub)) as url:
-        cfg = {
-            "dataset": {
-                "hub": {"endpoint": url},
-                "splits": {"validation": {"file": "validation.parquet", "rows": 2}},
-            },
-            "images": {"prefix": "sweflow-sample/sweb.eval.x86_64."},
-            "harness": {"package": "swebench", "extra_repos": "sample"},
-            "sandbox": {"provider": "docker", "prebuilt": True},
-            "validation": {"repeats": 2, "parallel": 1},
-        }
-        (work / "config.yaml").write_text(yaml.safe_dump(cfg))
-        targets = [
-            "results/sample/validation/validation-summary.json",
-            "results/sample/validation/tasks.valid.jsonl",
-        ]
+        _write_config(work, url, {"repeats": 2, "parallel": 1})
+        targets = TARGETS
         first = snakemake(work, *targets)
         out = first.stdout + first.stderr
         assert out.count("rule validate_task:") == 2 and "checkpoint validation_tasks:" in out
@@ -107,37 +121,15 @@ def test_validation_rules_on_two_tasks(tmp_path):
 def test_an_infrastructure_failure_is_an_error_verdict_that_the_next_run_retries(tmp_path):
     """A task whose sandbox cannot be created is `error` (not broken, not valid); once the provider is
     healthy again, the next run validates that task alone and the summary takes it in."""
-    why = docker_available()
-    if why:
-        pytest.skip(why)
-    pytest.importorskip("swebench")
-    from sweflow.sandbox.images import build_sample_images, sample_image_name
+    from sweflow.sandbox.images import sample_image_name
 
-    ids = SPLITS["validation"]
-    build_sample_images([load_task(i) for i in ids])
-    hub = tmp_path / "hub"
-    publish_sample(hub)
-    work = tmp_path / "work"
-    work.mkdir()
+    ids, hub, work = _prepare(tmp_path)
     image = sample_image_name(ids[1], prefix="sweflow-sample")
     hidden = f"sweflow-test-hidden/{ids[1].lower()}:{os.getpid()}"
     docker = ["docker", "image", "tag"]
     with serve(HubStore(hub)) as url:
-        cfg = {
-            "dataset": {
-                "hub": {"endpoint": url},
-                "splits": {"validation": {"file": "validation.parquet", "rows": 2}},
-            },
-            "images": {"prefix": "sweflow-sample/sweb.eval.x86_64."},
-            "harness": {"package": "swebench", "extra_repos": "sample"},
-            "sandbox": {"provider": "docker", "prebuilt": True},
-            "validation": {"repeats": 1, "parallel": 1, "error_attempts": 2, "error_backoff_sec": 0.1},
-        }
-        (work / "config.yaml").write_text(yaml.safe_dump(cfg))
-        targets = [
-            "results/sample/validation/validation-summary.json",
-            "results/sample/validation/tasks.valid.jsonl",
-        ]
+        _write_config(work, url, {"repeats": 1, "parallel": 1, "error_attempts": 2, "error_backoff_sec": 0.1})
+        targets = TARGETS
         snakemake(work, "results/sample/validation.jsonl")  # the task is converted while its image exists
         subprocess.run([*docker, image, hidden], check=True, capture_output=True)
         subprocess.run(["docker", "image", "rm", image], check=True, capture_output=True)
