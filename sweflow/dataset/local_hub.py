@@ -3,9 +3,12 @@
 `HubStore(root)` keeps a git-like model on disk: every commit is an immutable set of files whose 40-hex sha is
 derived from its content, message and parent (so the same publishes give the same shas everywhere); branches and
 tags point at commits. `serve(store)` answers the subset of the Hub API that the real `huggingface_hub` client
-uses for `HfApi().dataset_info/repo_info/list_repo_refs/list_repo_tree`, `hf_hub_download` and
-`snapshot_download` (plain HTTP: no xet headers are sent, so the client never tries the xet path). Point the
-client at it with `HF_ENDPOINT=<url>` (read when huggingface_hub is imported) or `endpoint=<url>`.
+uses for `HfApi().dataset_info/model_info/repo_info/list_repo_refs/list_repo_tree`, `hf_hub_download` and
+`snapshot_download`, for dataset repos (`/api/datasets/...`, `/datasets/<repo>/resolve/...`) and model repos
+(`/api/models/...`, `/<repo>/resolve/...`, no prefix). Plain HTTP: no xet headers are sent, so the client never
+tries the xet path. Point the client at it with `HF_ENDPOINT=<url>` (read when huggingface_hub is imported) or
+`endpoint=<url>`. `publish_sample` and `publish_tiny_model` fill a store with the embedded sample dataset and
+the tiny Qwen3 model of `sweflow.proxy.tiny`.
 
 Layout of `root/`: `objects/<sha256>` (file contents), `<type>s/<repo_id>/commits/<sha>.json`,
 `<type>s/<repo_id>/refs.json`.
@@ -30,6 +33,7 @@ from sweflow.util import atomic_write, atomic_write_json, read_json, sha256_byte
 
 REPO_TYPES = ("dataset", "model")
 SAMPLE_REPO_ID = "sweflow/calclib-sample"
+TINY_MODEL_REPO_ID = "sweflow/tiny-qwen3"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -387,6 +391,14 @@ def _run_server(handler: type[_Handler], host: str, port: int) -> Iterator[str]:
         thread.join(timeout=10)
 
 
+def _cdn_host(host: str) -> str:
+    """A host name other than `host` that reaches the same machine (the "CDN" of the LFS redirect)."""
+    if host.startswith("127."):
+        # All of 127.0.0.0/8 is loopback on Linux; another address is another host to an HTTP client.
+        return "127.0.0.2" if host != "127.0.0.2" else "127.0.0.3"
+    return "127.0.0.1" if host in ("localhost", "0.0.0.0") else host
+
+
 @contextlib.contextmanager
 def serve(
     store: HubStore | str | Path, host: str = "127.0.0.1", port: int = 0, *, lfs_redirect: bool = False
@@ -394,14 +406,17 @@ def serve(
     """Serve `store` over HTTP in a background thread; yield the endpoint URL (http://host:port).
 
     With lfs_redirect=True, file requests answer like the Hub does for LFS files: a 302 to a second listener
-    (same host, another port, so another origin to the client) with X-Linked-Etag / X-Linked-Size.
+    with X-Linked-Etag / X-Linked-Size. That listener has another host name (127.0.0.1 -> 127.0.0.2, another
+    loopback address), as a CDN has: huggingface_hub >= 1.x follows a redirect to the same host name (any port)
+    and then expects the Hub's headers on the blob reply, while it takes the metadata from the 302 itself when
+    the redirect leaves the Hub's host.
     """
     store = store if isinstance(store, HubStore) else HubStore(store)
     with contextlib.ExitStack() as stack:
         blob_base = None
         if lfs_redirect:
             blob_handler = type("HubBlobHandler", (_Handler,), {"store": store})
-            blob_base = stack.enter_context(_run_server(blob_handler, host, 0))
+            blob_base = stack.enter_context(_run_server(blob_handler, _cdn_host(host), 0))
         handler = type("HubHandler", (_Handler,), {"store": store, "blob_base": blob_base})
         yield stack.enter_context(_run_server(handler, host, port))
 
@@ -440,6 +455,30 @@ def _base_sha(store: HubStore, repo_id: str, files: dict[str, bytes]) -> str | N
     return None
 
 
+def publish_tiny_model(root: str | Path, *, repo_id: str = TINY_MODEL_REPO_ID) -> str:
+    """Build the tiny Qwen3 model (`sweflow.proxy.tiny.build_tiny_model`) and publish its files as the model repo
+    `repo_id` in the store at `root`; return the commit sha.
+
+    Idempotent: the build is byte-deterministic (seeded weights, a BPE trained on a fixed corpus; checked by the
+    tests), so a rerun publishes the same bytes and `HubStore.publish` returns the existing sha with no new
+    commit. Files of an earlier build that this build does not write are deleted in the same commit.
+    """
+    import tempfile
+
+    from sweflow.proxy.tiny import build_tiny_model
+
+    store = HubStore(root)
+    with tempfile.TemporaryDirectory(prefix="sweflow-tiny-publish-") as tmp:
+        built = build_tiny_model(Path(tmp) / "model")
+        files = {
+            p.relative_to(built).as_posix(): p.read_bytes() for p in sorted(built.rglob("*")) if p.is_file()
+        }
+    stale: tuple[str, ...] = ()
+    if store.exists(repo_id, "model"):
+        stale = tuple(sorted(set(store.files(repo_id, "main", "model")) - set(files)))
+    return store.publish(repo_id, files, "Add the tiny Qwen3 model", delete=stale, repo_type="model")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sweflow.dataset.local_hub", description=__doc__.splitlines()[0]
@@ -453,9 +492,17 @@ def main(argv: list[str] | None = None) -> int:
     p_pub = sub.add_parser("publish-sample", help="publish the embedded sample dataset into a store")
     p_pub.add_argument("--root", required=True)
     p_pub.add_argument("--extra", action="store_true", help="also publish the commit with one more task")
+    p_model = sub.add_parser(
+        "publish-tiny-model", help="publish the tiny Qwen3 model (a model repo) into a store"
+    )
+    p_model.add_argument("--root", required=True)
+    p_model.add_argument("--repo-id", default=TINY_MODEL_REPO_ID)
     args = parser.parse_args(argv)
     if args.cmd == "publish-sample":
         print(publish_sample(args.root, extra=args.extra))
+        return 0
+    if args.cmd == "publish-tiny-model":
+        print(publish_tiny_model(args.root, repo_id=args.repo_id))
         return 0
     with serve(HubStore(args.root), args.host, args.port, lfs_redirect=args.lfs_redirect) as url:
         print(f"serving {args.root} at {url} (HF_ENDPOINT={url})", flush=True)
