@@ -1,0 +1,467 @@
+"""The verl engine: a Recipe as verl 0.9.1 Hydra overrides, the Slurm/Ray launch script, and verl's metrics.
+
+verl runs the production GRPO: its synchronous v1 trainer (`trainer.use_v1=True`, `v1.trainer_mode=sync`),
+a Megatron actor (config `ppo_megatron_trainer`), vLLM rollout servers, and sweflow's agent loop
+(`sweflow.train.verl_agent_loop.SweflowAgentLoop`) that runs every sample through the dispatcher.
+
+- `verl_overrides(recipe, ...)`: every Recipe knob as a `key=value` override of `verl.trainer.main_ppo`
+  (recipe.verl["overrides"] last). The agent loop sets each output's `reward_score`, so verl's reward loop
+  never scores (rule-based reward workers exist but are skipped; no reward model).
+- `compose_verl_config(overrides)`: Hydra compose of verl's own config in strict mode (an unknown key
+  raises) plus `validate_config`, the check main_ppo runs first; CPU only, no Ray (~15 s: importing verl).
+- `launch_script(...)`: the bash the train rule runs inside one Slurm allocation (Ray head + workers).
+- `verl_metrics_to_sweflow` / `convert_verl_log`: verl's file-logger JSONL -> sweflow's metrics.jsonl.
+
+Deliberate verl behaviours: dual-clip PPO (`clip_ratio_c` 3.0, verl's default) bounds the loss of a
+negative-advantage token whose ratio passes 3; with one update per step the ratio stays near 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..util import atomic_write, jsonl_line
+from .recipe import Recipe
+
+AGENT_LOOP_NAME = "sweflow_claude_code"
+AGENT_LOOP_TARGET = "sweflow.train.verl_agent_loop.SweflowAgentLoop"
+CONFIG_NAME = "ppo_megatron_trainer"
+# "Per-sample mean": mean over each sample's loss tokens, then over samples.
+LOSS_AGG_MODE = "seq-mean-token-mean"
+_PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+$")
+
+
+def _hydra_value(value: Any) -> str:
+    """A Python value in Hydra's override grammar (strings quoted unless plainly safe)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{value!r} is not a finite number", field="train")
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _PLAIN.match(text) and text.lower() not in ("null", "true", "false"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def verl_overrides(
+    recipe: Recipe,
+    *,
+    train_files: str | Sequence[str],
+    val_files: str | Sequence[str],
+    model_path: str,
+    out_dir: str,
+    agent_loop_config: str,
+    megatron_ckpt: str | None = None,
+) -> list[str]:
+    """Hydra overrides for `python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer`.
+
+    Checkpoints go to `<out_dir>/checkpoints` (resumed automatically). `agent_loop_config` is the path of
+    the YAML `agent_loop_config_yaml()` returns. `megatron_ckpt`: a Megatron dist checkpoint to start the
+    actor and the reference from (default: the Hugging Face weights at `model_path`, through mbridge).
+    """
+    r, p, o = recipe, recipe.parallel, recipe.optim
+    extra = dict(r.verl or {})
+    if r.global_batch % r.samples_per_prompt:
+        raise ConfigError(
+            f"{r.global_batch} is not a multiple of samples_per_prompt {r.samples_per_prompt}",
+            field="train.global_batch",
+        )
+    rollout_tp = int(extra.get("rollout_tensor_parallel") or p.tensor)
+    micro = r.micro_batch
+    a, ro, ref = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+    files = lambda f: [f] if isinstance(f, str) else list(f)  # noqa: E731
+    kv: list[tuple[str, Any]] = [
+        # algorithm: group-normalised GRPO, KL as a loss (never in the reward), token TIS, no rejection
+        ("algorithm.adv_estimator", "grpo"),
+        ("algorithm.norm_adv_by_std_in_grpo", r.norm_adv_by_std),
+        ("algorithm.use_kl_in_reward", False),
+        ("algorithm.rollout_correction.rollout_is", "token" if r.tis_level == "token" else None),
+        ("algorithm.rollout_correction.rollout_is_threshold", float(r.tis_cap)),
+        ("algorithm.rollout_correction.rollout_rs", None),
+        ("algorithm.rollout_correction.bypass_mode", False),
+        ("critic.enable", False),
+        # data: prompts per step; the agent loop renders the conversation itself
+        ("data.train_files", files(train_files)),
+        ("data.val_files", files(val_files)),
+        ("data.train_batch_size", r.prompts_per_step),
+        ("data.max_prompt_length", r.max_prompt_tokens),
+        ("data.max_response_length", r.max_response_tokens),
+        ("data.seed", r.seed),
+        ("actor_rollout_ref.model.path", model_path),
+        # actor: one update of global_batch samples per step
+        (f"{a}.ppo_mini_batch_size", r.global_batch // r.samples_per_prompt),
+        (f"{a}.ppo_epochs", 1),
+        (f"{a}.ppo_micro_batch_size_per_gpu", micro),
+        (f"{a}.use_kl_loss", r.kl_coef > 0),
+        (f"{a}.kl_loss_coef", float(r.kl_coef)),
+        (f"{a}.kl_loss_type", r.kl_type),
+        (f"{a}.entropy_coeff", float(r.entropy_coef)),
+        (f"{a}.clip_ratio", float(r.clip_low)),
+        (f"{a}.clip_ratio_low", float(r.clip_low)),
+        (f"{a}.clip_ratio_high", float(r.clip_high)),
+        (f"{a}.loss_agg_mode", LOSS_AGG_MODE),
+        (f"{a}.policy_loss.loss_mode", "vanilla"),
+        (f"{a}.optim.lr", float(o.lr)),
+        (f"{a}.optim.betas", [float(o.betas[0]), float(o.betas[1])]),
+        (f"{a}.optim.weight_decay", float(o.weight_decay)),
+        (f"{a}.optim.clip_grad", float(o.grad_clip)),
+        (f"{a}.optim.lr_warmup_steps", o.warmup_steps if o.warmup_steps > 0 else -1),
+        (f"{a}.optim.lr_decay_style", "constant"),
+        (f"{a}.megatron.tensor_model_parallel_size", p.tensor),
+        (f"{a}.megatron.context_parallel_size", p.context),
+        (f"{a}.megatron.sequence_parallel", p.tensor > 1),
+        (f"{a}.megatron.use_mbridge", True),
+        (f"{a}.megatron.seed", r.seed),
+        (f"{ref}.log_prob_micro_batch_size_per_gpu", micro),
+        # rollout: vLLM servers driven by sweflow's agent loop; logprobs recorded for TIS
+        (f"{ro}.name", "vllm"),
+        (f"{ro}.mode", "async"),
+        (f"{ro}.n", r.samples_per_prompt),
+        (f"{ro}.calculate_log_probs", True),
+        (f"{ro}.temperature", float(r.temperature)),
+        (f"{ro}.top_p", float(r.top_p)),
+        (f"{ro}.top_k", r.top_k if r.top_k > 0 else -1),
+        (f"{ro}.gpu_memory_utilization", float(extra.get("gpu_memory_utilization", 0.6))),
+        (f"{ro}.tensor_model_parallel_size", rollout_tp),
+        (f"{ro}.max_model_len", r.max_prompt_tokens + r.max_response_tokens),
+        (f"{ro}.log_prob_micro_batch_size_per_gpu", micro),
+        (f"{ro}.seed", r.seed),
+        (f"{ro}.agent.default_agent_loop", AGENT_LOOP_NAME),
+        (f"{ro}.agent.agent_loop_config_path", agent_loop_config),
+        # reward: the agent loop's reward_score is final (verl's reward loop only scores a None)
+        ("reward.reward_model.enable", False),
+        ("reward.num_workers", 1),
+        # trainer
+        ("trainer.project_name", "sweflow"),
+        ("trainer.experiment_name", r.run),
+        ("trainer.nnodes", p.nodes),
+        ("trainer.n_gpus_per_node", p.gpus_per_node),
+        ("trainer.total_training_steps", r.total_steps),
+        # An epoch is at least one step, so this never ends the run before total_training_steps.
+        ("trainer.total_epochs", r.total_steps),
+        ("trainer.save_freq", r.save_every),
+        ("trainer.default_local_dir", str(Path(out_dir) / "checkpoints")),
+        ("trainer.resume_mode", "auto"),
+        ("trainer.use_v1", True),
+        ("trainer.v1.trainer_mode", "sync"),
+        ("trainer.logger", ["console", "file"]),
+        ("trainer.val_before_train", False),
+        ("trainer.test_freq", -1),
+    ]
+    if megatron_ckpt:
+        for section in (a, ref):
+            kv.append((f"{section}.megatron.use_dist_checkpointing", True))
+            kv.append((f"{section}.megatron.dist_checkpointing_path", megatron_ckpt))
+    out = [f"{k}={_hydra_value(v)}" for k, v in kv]
+    return out + [str(x) for x in extra.get("overrides") or []]
+
+
+def agent_loop_config_yaml(name: str = AGENT_LOOP_NAME, target: str = AGENT_LOOP_TARGET) -> str:
+    """The YAML list verl reads at `rollout.agent.agent_loop_config_path` to register sweflow's agent loop."""
+    return f"- name: {name}\n  _target_: {target}\n"
+
+
+def verl_config_dir() -> str:
+    """The folder of verl's own Hydra configs (verl/trainer/config)."""
+    import verl.trainer.config as verl_config
+
+    return str(Path(verl_config.__file__).parent)
+
+
+def compose_verl_config(overrides: Sequence[str], config_name: str = CONFIG_NAME) -> Any:
+    """verl's config composed with `overrides` and checked as main_ppo checks it; returns the DictConfig.
+
+    Raises what verl raises: hydra's ConfigCompositionException for an unknown key or a bad override,
+    ValueError/AssertionError from verl's `validate_config` (e.g. an invalid loss_agg_mode). Values
+    verl checks only at run time (a misspelt rollout_is) pass here.
+    """
+    import warnings
+
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+        cfg = compose(config_name=config_name, overrides=list(overrides))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        validate_config(
+            config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg)
+        )
+    return cfg
+
+
+# --------------------------------------------------------------------------- launch
+
+# Ports of one Ray node besides the GCS port: each node that shares a host with another needs its own.
+_NODE_PORTS = (
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
+_PORT_STRIDE = 20  # node i uses base + i * stride + k for the k-th port above, and its own worker range
+
+
+def _ray_ports_expr(offset_var: str, base: int) -> str:
+    """Bash that expands to the per-node port flags for the node numbered by `$offset_var`."""
+    flags = [
+        f"--{name}=$(({base} + {offset_var} * {_PORT_STRIDE} + {k}))" for k, name in enumerate(_NODE_PORTS)
+    ]
+    lo = f"$((20000 + {offset_var} * 1000))"
+    hi = f"$((20999 + {offset_var} * 1000))"
+    return " ".join(flags + [f"--min-worker-port={lo}", f"--max-worker-port={hi}"])
+
+
+def launch_script(
+    recipe: Recipe,
+    overrides: Sequence[str],
+    *,
+    python: str,
+    ray_port: int,
+    log_dir: str,
+    env: Mapping[str, str] | None = None,
+    join_timeout_s: int = 600,
+) -> str:
+    """The bash that runs verl's trainer inside ONE Slurm allocation of `recipe.parallel.nodes` nodes.
+
+    With $SLURM_JOB_ID: the node list from squeue + scontrol (Snakemake's slurm plugin strips the other
+    SLURM_* variables), a Ray head on the first node and a worker on each other one (`srun --overlap`),
+    a wait until every node joined (fails after `join_timeout_s`), then main_ppo on the head. Without it
+    (one machine) a local head only. Every node gets its own Ray ports, so nodes sharing a host work.
+    `env`: non-secret variables exported before Ray starts (Ray workers inherit them: the rollout spec and
+    log paths); secrets must already be in the environment. verl's file logger writes
+    `<log_dir>/verl_metrics/<attempt>.jsonl` (one file per attempt: the logger truncates its file).
+    """
+    nodes = recipe.parallel.nodes
+    gpus = recipe.parallel.gpus_per_node
+    q = shlex.quote
+    exports = "\n".join(f"export {k}={q(str(v))}" for k, v in sorted((env or {}).items()))
+    for k in env or {}:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+            raise ConfigError(f"{k!r} is not an environment variable name", field="train.verl")
+    args = " \\\n  ".join(q(o) for o in overrides)
+    head_ports = _ray_ports_expr("0", ray_port + 1)
+    worker_ports = _ray_ports_expr("i", ray_port + 1)
+    return f"""#!/usr/bin/env bash
+# sweflow verl GRPO launch: {nodes} node(s) x {gpus} GPU(s); generated by sweflow.train.verl_engine
+set -euo pipefail
+PY={q(python)}
+RAY="$PY -m ray.scripts.scripts"
+PORT={int(ray_port)}
+NNODES={int(nodes)}
+LOG_DIR={q(log_dir)}
+mkdir -p "$LOG_DIR/verl_metrics"
+export VERL_FILE_LOGGER_PATH="$LOG_DIR/verl_metrics/attempt-$(date +%Y%m%dT%H%M%S)-$$.jsonl"
+{exports}
+export RAY_DEDUP_LOGS=0
+
+cleanup() {{
+  set +e
+  # Killing the `ray start --block` steps (local or srun) tears each Ray node down; no `ray stop`,
+  # which would also stop other Ray nodes of this user on a shared host.
+  for pid in $(jobs -p); do kill "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+}}
+NODES=()
+trap cleanup EXIT
+
+if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
+  mapfile -t NODES < <(scontrol show hostnames "$(squeue -h -j "$SLURM_JOB_ID" -o %N)")
+  if [[ ${{#NODES[@]}} -ne $NNODES ]]; then
+    echo "sweflow: the allocation has ${{#NODES[@]}} node(s) (${{NODES[*]:-none}}), the recipe needs $NNODES" >&2
+    exit 2
+  fi
+  HEAD=${{NODES[0]}}
+  HEAD_IP=$(srun -N1 -n1 --overlap -w "$HEAD" "$PY" -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')
+  echo "sweflow: ray head $HEAD ($HEAD_IP:$PORT), nodes: ${{NODES[*]}}"
+  srun -N1 -n1 --overlap -w "$HEAD" $RAY start --head --node-ip-address="$HEAD_IP" --port=$PORT \\
+    --num-gpus={gpus} {head_ports} --disable-usage-stats --block >"$LOG_DIR/ray-head.log" 2>&1 &
+  sleep 5
+  for ((i = 1; i < NNODES; i++)); do
+    srun -N1 -n1 --overlap -w "${{NODES[$i]}}" $RAY start --address="$HEAD_IP:$PORT" \\
+      --num-gpus={gpus} {worker_ports} --disable-usage-stats --block \\
+      >"$LOG_DIR/ray-worker-$i.log" 2>&1 &
+  done
+  export RAY_ADDRESS="$HEAD_IP:$PORT"
+  RUN=(srun -N1 -n1 --overlap -w "$HEAD")
+else
+  $RAY start --head --port=$PORT --num-gpus={gpus} {head_ports} --disable-usage-stats --block \\
+    >"$LOG_DIR/ray-head.log" 2>&1 &
+  export RAY_ADDRESS="127.0.0.1:$PORT"
+  RUN=()
+fi
+
+# Wait until every node has joined the cluster.
+WANT=$(( ${{#NODES[@]}} > 0 ? ${{#NODES[@]}} : 1 ))
+"$PY" - "$WANT" {int(join_timeout_s)} <<'PYEOF'
+import os, sys, time
+import ray
+want, timeout = int(sys.argv[1]), float(sys.argv[2])
+deadline = time.monotonic() + timeout
+alive = 0
+while time.monotonic() < deadline:
+    try:
+        ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
+        alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+        ray.shutdown()
+    except Exception as exc:  # the head may not be up yet
+        print(f"sweflow: waiting for ray: {{exc}}", file=sys.stderr)
+    if alive >= want:
+        print(f"sweflow: {{alive}} ray node(s) up")
+        sys.exit(0)
+    time.sleep(5)
+print(f"sweflow: only {{alive}} of {{want}} ray node(s) joined within {{timeout:.0f}} s", file=sys.stderr)
+sys.exit(3)
+PYEOF
+
+${{RUN[@]+"${{RUN[@]}}"}} "$PY" -m verl.trainer.main_ppo --config-name {CONFIG_NAME} \\
+  {args}
+"""
+
+
+# --------------------------------------------------------------------------- metrics
+
+# sweflow metrics.jsonl name -> verl per-step metric key (None: verl has no such metric).
+VERL_METRIC_KEYS: dict[str, str | None] = {
+    "reward_mean": "critic/score/mean",
+    "reward_std": None,
+    "resolved_share": None,
+    "zero_variance_group_share": None,
+    "policy_loss": "actor/pg_loss",
+    "kl": "actor/kl_loss",
+    "clip_fraction": "actor/pg_clipfrac",
+    "tis_weight_mean": "rollout_corr/rollout_is_mean",
+    "tis_clipped_share": "rollout_corr/rollout_is_ratio_fraction_high",
+    "entropy": "actor/entropy",
+    "grad_norm": "actor/grad_norm",
+    "lr": "actor/lr",
+    "prompt_tokens": "prompt_length/mean",
+    "response_tokens": "response_length/mean",
+    "rollout_s": "timing_s/gen",
+    "weight_sync_s": "timing_s/update_weights",
+}
+# The update's share of a step: old logprobs, reference logprobs, advantages and the actor update.
+_TRAIN_TIMINGS = ("timing_s/old_log_prob", "timing_s/ref", "timing_s/adv", "timing_s/update_actor")
+
+
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def verl_metrics_to_sweflow(step_metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """One verl step's metrics (as its file logger writes them) -> sweflow's metrics.jsonl fields.
+
+    prompt_tokens / response_tokens are means per sample; tokens_per_s is the whole job's
+    (perf/total_num_tokens / perf/time_per_step); None where verl reports nothing.
+    """
+    m = step_metrics
+    out: dict[str, Any] = {
+        name: (_num(m.get(key)) if key else None) for name, key in VERL_METRIC_KEYS.items()
+    }
+    train = [_num(m.get(k)) for k in _TRAIN_TIMINGS if k in m]
+    out["train_s"] = sum(v for v in train if v is not None) if any(v is not None for v in train) else None
+    tokens, step_s = _num(m.get("perf/total_num_tokens")), _num(m.get("perf/time_per_step"))
+    out["tokens_per_s"] = tokens / step_s if tokens is not None and step_s else None
+    step = m.get("training/global_step")
+    out["step"] = int(step) if _num(step) is not None else None
+    return out
+
+
+def _verl_log_files(path_in: str | Path) -> list[Path]:
+    path = Path(path_in)
+    if path.is_dir():
+        return sorted(path.glob("*.jsonl"))
+    return [path] if path.exists() else []
+
+
+def rollout_log_stats(rollout_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """Per-step stats from the agent loop's rollout log folder (`SWEFLOW_ROLLOUT_LOG`): reward_std,
+    resolved_share, zero_variance_group_share over the completed samples, aborted counts by reason."""
+    by_step: dict[int, list[dict]] = {}
+    for f in sorted(Path(rollout_dir).glob("*.jsonl")) if Path(rollout_dir).is_dir() else []:
+        for line in f.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                by_step.setdefault(rec["step"], []).append(rec)
+    out: dict[int, dict[str, Any]] = {}
+    for step, recs in by_step.items():
+        done = [r for r in recs if not r.get("aborted")]
+        rewards = [float(r.get("reward") or 0.0) for r in done]
+        groups: dict[str, list[float]] = {}
+        for r in done:
+            groups.setdefault(str(r.get("group")), []).append(float(r.get("reward") or 0.0))
+        aborted: dict[str, int] = {}
+        for r in recs:
+            if r.get("aborted"):
+                reason = str(r.get("failure_reason") or "unknown")
+                aborted[reason] = aborted.get(reason, 0) + 1
+        std = None
+        if len(rewards) > 1:
+            mean = sum(rewards) / len(rewards)
+            std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1))
+        out[step] = {
+            "reward_std": std,
+            "resolved_share": (sum(1 for r in done if r.get("resolved")) / len(done)) if done else None,
+            "zero_variance_group_share": (
+                sum(1 for g in groups.values() if len(set(g)) <= 1) / len(groups) if groups else None
+            ),
+            "aborted": sum(aborted.values()),
+            "aborted_by_reason": dict(sorted(aborted.items())),
+        }
+    return out
+
+
+def convert_verl_log(
+    path_in: str | Path, path_out: str | Path, *, rollout_dir: str | Path | None = None
+) -> int:
+    """verl's file-logger JSONL (a file, or the folder of one file per attempt) -> sweflow metrics.jsonl.
+
+    A step logged by several attempts (a resumed run) keeps its last record. Stats verl lacks come from
+    the agent loop's rollout log when `rollout_dir` is given. Returns the number of steps written.
+    """
+    steps: dict[int, dict[str, Any]] = {}
+    for f in _verl_log_files(path_in):
+        for line in f.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict) or not isinstance(rec.get("data"), dict):
+                continue
+            if _num(rec.get("step")) is None or "training/global_step" not in rec["data"]:
+                continue  # validation-only records carry no training step
+            row = verl_metrics_to_sweflow(rec["data"])
+            row["step"] = int(rec["step"])
+            steps[row["step"]] = row
+    extra = rollout_log_stats(rollout_dir) if rollout_dir else {}
+    for step, row in steps.items():
+        for key, value in extra.get(step, {}).items():
+            if row.get(key) is None:
+                row[key] = value
+    atomic_write(path_out, "".join(jsonl_line(steps[s]) for s in sorted(steps)))
+    return len(steps)

@@ -1,0 +1,182 @@
+"""The verl engine's overrides compose and validate against verl 0.9.1's own Hydra config (CPU, no Ray)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+pytest.importorskip("verl")
+
+from hydra.errors import ConfigCompositionException, InstantiationException  # noqa: E402
+
+from sweflow.train.recipe import Optim, Parallel, Recipe, check_recipe  # noqa: E402
+from sweflow.train.verl_engine import (  # noqa: E402
+    AGENT_LOOP_NAME,
+    agent_loop_config_yaml,
+    compose_verl_config,
+    launch_script,
+    verl_overrides,
+)
+
+
+def production_recipe(**kw) -> Recipe:
+    """REFERENCE "Training defaults"."""
+    base = dict(
+        engine="verl",
+        run="swegym-qwen35",
+        prompts_per_step=8,
+        samples_per_prompt=16,
+        global_batch=128,
+        total_steps=500,
+        save_every=10,
+        optim=Optim(lr=1e-6, betas=(0.9, 0.98), weight_decay=0.1, grad_clip=1.0, warmup_steps=0),
+        tis_level="token",
+        tis_cap=2.0,
+        kl_type="low_var_kl",
+        kl_coef=0.001,
+        clip_low=0.2,
+        clip_high=0.28,
+        entropy_coef=0.0,
+        temperature=1.0,
+        max_response_tokens=16000,
+        parallel=Parallel(nodes=4, gpus_per_node=8, tensor=2, context=4),
+        verl={"gpu_memory_utilization": 0.6, "ray_port": 6379, "overrides": []},
+    )
+    base.update(kw)
+    return Recipe(**base)
+
+
+def overrides_for(recipe: Recipe, tmp: str = "/runs/x") -> list[str]:
+    return verl_overrides(
+        recipe,
+        train_files=f"{tmp}/train.parquet",
+        val_files=f"{tmp}/val.parquet",
+        model_path="/models/Qwen--Qwen3.5-4B/hf",
+        out_dir=f"{tmp}/out",
+        agent_loop_config=f"{tmp}/agent_loops.yaml",
+    )
+
+
+@pytest.fixture(scope="module")
+def composed():
+    recipe = production_recipe()
+    check_recipe(recipe)
+    return compose_verl_config(overrides_for(recipe))
+
+
+def test_production_overrides_compose_and_carry_the_recipe(composed):
+    c = composed
+    alg, actor, rollout = c.algorithm, c.actor_rollout_ref.actor, c.actor_rollout_ref.rollout
+    assert alg.adv_estimator == "grpo" and alg.norm_adv_by_std_in_grpo is True
+    assert alg.use_kl_in_reward is False
+    rc = alg.rollout_correction
+    assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.bypass_mode) == (
+        "token",
+        2.0,
+        None,
+        False,
+    )
+    assert c.data.train_batch_size == 8 and rollout.n == 16
+    assert actor.ppo_mini_batch_size * rollout.n == 128  # one update per step of 128 samples
+    assert actor.ppo_epochs == 1 and actor.ppo_micro_batch_size_per_gpu == 1
+    assert actor.use_kl_loss is True and actor.kl_loss_coef == 0.001 and actor.kl_loss_type == "low_var_kl"
+    assert actor.entropy_coeff == 0.0
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
+    assert actor.loss_agg_mode == "seq-mean-token-mean" and actor.policy_loss.loss_mode == "vanilla"
+    o = actor.optim
+    assert (o.lr, list(o.betas), o.weight_decay, o.clip_grad) == (1e-6, [0.9, 0.98], 0.1, 1.0)
+    assert o.lr_decay_style == "constant" and o.lr_warmup_steps == -1
+    m = actor.megatron
+    assert (m.tensor_model_parallel_size, m.context_parallel_size) == (2, 4)
+    assert m.sequence_parallel is True and m.use_mbridge is True
+    assert c.actor_rollout_ref.ref.megatron.context_parallel_size == 4  # the reference follows the actor
+    assert (rollout.name, rollout.mode, rollout.calculate_log_probs) == ("vllm", "async", True)
+    assert (rollout.temperature, rollout.top_p, rollout.top_k) == (1.0, 1.0, -1)
+    assert rollout.response_length == 16000 and rollout.prompt_length == 32768
+    assert rollout.gpu_memory_utilization == 0.6 and rollout.tensor_model_parallel_size == 2
+    assert rollout.agent.default_agent_loop == AGENT_LOOP_NAME
+    assert rollout.agent.agent_loop_config_path == "/runs/x/agent_loops.yaml"
+    assert c.reward.reward_model.enable is False
+    t = c.trainer
+    assert (t.nnodes, t.n_gpus_per_node, t.total_training_steps, t.save_freq) == (4, 8, 500, 10)
+    assert t.default_local_dir == "/runs/x/out/checkpoints" and t.resume_mode == "auto"
+    assert t.use_v1 is True and t.v1.trainer_mode == "sync"
+    assert "file" in list(t.logger)
+    assert c.actor_rollout_ref.model.path == "/models/Qwen--Qwen3.5-4B/hf"
+    assert list(c.data.train_files) == ["/runs/x/train.parquet"]
+
+
+def test_removed_keys_are_not_emitted():
+    text = "\n".join(overrides_for(production_recipe()))
+    for gone in ("tis_imp_ratio_cap", "algorithm.rollout_is=", "rollout_is_level", "rollout.agent.name"):
+        assert gone not in text
+
+
+def test_tis_off_disables_importance_weights():
+    c = compose_verl_config(overrides_for(production_recipe(tis_level="off")))
+    assert c.algorithm.rollout_correction.rollout_is is None
+
+
+def test_an_unknown_key_is_rejected_by_hydra_strict_mode():
+    recipe = production_recipe(verl={"overrides": ["actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]})
+    with pytest.raises(ConfigCompositionException):
+        compose_verl_config(overrides_for(recipe))
+
+
+def test_a_bad_value_of_a_known_key_is_caught_by_verls_validation():
+    recipe = production_recipe(verl={"overrides": ["actor_rollout_ref.actor.loss_agg_mode=per-sample"]})
+    # verl's ActorConfig rejects it while validate_config builds the dataclass (hydra wraps the ValueError).
+    with pytest.raises(InstantiationException, match="Invalid loss_agg_mode: per-sample"):
+        compose_verl_config(overrides_for(recipe))
+
+
+def test_a_batch_that_does_not_split_over_data_parallel_ranks_is_caught():
+    # 3 x 16 = 48 samples over data-parallel 32 / (2 x 4) = 4 ranks is fine; 3 x 5 = 15 is not.
+    recipe = production_recipe(prompts_per_step=3, samples_per_prompt=5, global_batch=15)
+    with pytest.raises(AssertionError, match="divisible"):
+        compose_verl_config(overrides_for(recipe))
+
+
+def test_extra_overrides_come_last_and_win():
+    recipe = production_recipe(verl={"overrides": ["actor_rollout_ref.rollout.gpu_memory_utilization=0.8"]})
+    out = overrides_for(recipe)
+    assert out[-1] == "actor_rollout_ref.rollout.gpu_memory_utilization=0.8"
+
+
+def test_agent_loop_yaml_registers_the_sweflow_loop(tmp_path):
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "agent_loops.yaml"
+    path.write_text(agent_loop_config_yaml())
+    loops = OmegaConf.load(path)
+    assert [(x.name, x._target_) for x in loops] == [
+        ("sweflow_claude_code", "sweflow.train.verl_agent_loop.SweflowAgentLoop")
+    ]
+
+
+def test_launch_script_for_four_nodes_starts_ray_on_each_and_parses(tmp_path):
+    recipe = production_recipe()
+    overrides = overrides_for(recipe) + ["trainer.experiment_name='it''s spaced'"]
+    script = launch_script(
+        recipe,
+        overrides,
+        python="/opt/env/bin/python",
+        ray_port=6379,
+        log_dir=str(tmp_path / "logs"),
+        env={"SWEFLOW_ROLLOUT_SPEC": str(tmp_path / "spec.json")},
+    )
+    assert 'squeue -h -j "$SLURM_JOB_ID" -o %N' in script and "scontrol show hostnames" in script
+    assert "mapfile -t NODES" in script and "NNODES=4" in script
+    assert 'srun -N1 -n1 --overlap -w "$HEAD" $RAY start --head' in script
+    assert script.count("--disable-usage-stats --block") == 3 and script.count("2>&1 &\n") == 3
+    assert '$RAY start --address="$HEAD_IP:$PORT"' in script and "for ((i = 1; i < NNODES; i++))" in script
+    assert (
+        "trap cleanup EXIT" in script
+        and "-m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in script
+    )
+    assert "--node-manager-port=$((6380 + i * 20 + 0))" in script  # per-node ports: nodes may share a host
+    assert "'trainer.experiment_name='\"'\"'it'\"'\"''\"'\"'s spaced'\"'\"''" in script  # shell-quoted
+    path = tmp_path / "launch.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
