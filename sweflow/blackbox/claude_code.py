@@ -14,6 +14,7 @@ How each backend option reaches the CLI (checked against Claude Code 2.1.332):
 - prompt_caching=false -> DISABLE_PROMPT_CACHING=1 (no `cache_control` in requests);
 - disable_nonessential_traffic -> CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 (+ telemetry, error reports);
 - subagents=false -> `--disallowedTools` with the sub-agent tools (`Agent`, its old name `Task`, `Workflow`).
+- tools -> `--tools A,B` (only these built-in tools; their schemas are the bulk of the prompt).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ OPTION_NAMES = (
     "system_prompt_mode",
     "system_prompt_append",
     *_SWITCHES,
+    "tools",
     "allowed_tools",
     "disallowed_tools",
     "model",
@@ -143,6 +145,7 @@ class ClaudeCodeOptions:
     prompt_caching: bool = False
     disable_nonessential_traffic: bool = True
     subagents: bool = False
+    tools: list[str] | None = None  # None: the CLI's default set; names: only these built-in tools
     allowed_tools: list[str] = field(default_factory=list)
     disallowed_tools: list[str] = field(default_factory=list)
     model: str | None = None
@@ -209,6 +212,9 @@ class ClaudeCodeOptions:
         for key in ("allowed_tools", "disallowed_tools", "extra_args"):
             if key in raw:
                 setattr(opts, key, _as_list(key, raw.pop(key)))
+        if "tools" in raw:
+            value = raw.pop("tools")
+            opts.tools = None if value is None else _as_list("tools", value)
         if "setting_sources" in raw:
             value = raw.pop("setting_sources")
             opts.setting_sources = None if value is None else _as_list("setting_sources", value)
@@ -283,6 +289,8 @@ def build_argv(
     argv += ["--output-format", "stream-json", "--verbose"]
     argv += ["--max-turns", str(opts.max_turns), "--permission-mode", opts.permission_mode]
     argv += ["--resume", claude_session] if resume else ["--session-id", claude_session]
+    if opts.tools is not None:  # a short tool list is a short prompt (each tool's schema is sent each turn)
+        argv += ["--tools", ",".join(opts.tools)]
     if opts.allowed_tools:
         argv += ["--allowedTools", ",".join(opts.allowed_tools)]
     disallowed = list(opts.disallowed_tools)

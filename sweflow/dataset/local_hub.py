@@ -34,6 +34,8 @@ from sweflow.util import atomic_write, atomic_write_json, read_json, sha256_byte
 REPO_TYPES = ("dataset", "model")
 SAMPLE_REPO_ID = "sweflow/calclib-sample"
 TINY_MODEL_REPO_ID = "sweflow/tiny-qwen3"
+# The tiny models the bundled Hub can serve: repo id -> sweflow.proxy.tiny preset.
+TINY_MODEL_REPOS = {TINY_MODEL_REPO_ID: "tiny", "sweflow/tiny-qwen3-swa": "tiny-swa"}
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
@@ -455,7 +457,9 @@ def _base_sha(store: HubStore, repo_id: str, files: dict[str, bytes]) -> str | N
     return None
 
 
-def publish_tiny_model(root: str | Path, *, repo_id: str = TINY_MODEL_REPO_ID) -> str:
+def publish_tiny_model(
+    root: str | Path, *, repo_id: str = TINY_MODEL_REPO_ID, preset: str | None = None
+) -> str:
     """Build the tiny Qwen3 model (`sweflow.proxy.tiny.build_tiny_model`) and publish its files as the model repo
     `repo_id` in the store at `root`; return the commit sha.
 
@@ -469,7 +473,7 @@ def publish_tiny_model(root: str | Path, *, repo_id: str = TINY_MODEL_REPO_ID) -
 
     store = HubStore(root)
     with tempfile.TemporaryDirectory(prefix="sweflow-tiny-publish-") as tmp:
-        built = build_tiny_model(Path(tmp) / "model")
+        built = build_tiny_model(Path(tmp) / "model", preset or TINY_MODEL_REPOS.get(repo_id, "tiny"))
         files = {
             p.relative_to(built).as_posix(): p.read_bytes() for p in sorted(built.rglob("*")) if p.is_file()
         }

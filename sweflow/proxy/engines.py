@@ -37,6 +37,9 @@ class SamplingParams:
     top_k: int = 0
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    # The proxy session the call belongs to: engines that route per session (verl's sticky server
+    # manager) use it as their request id; the others ignore it.
+    request_id: str | None = None
 
 
 @dataclass

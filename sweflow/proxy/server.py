@@ -312,6 +312,7 @@ class ProxyServer:
         req = an.parse_request(body)
         prompt_ids = self.render(req, rec)
         sampling = self._sampling(req, len(prompt_ids))
+        sampling.request_id = session_id
         rendered = time.time()
         index = rec.next_index()
         result = self._generate(prompt_ids, sampling)

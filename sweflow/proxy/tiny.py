@@ -107,8 +107,25 @@ def build_tiny_tokenizer(dest: str | Path) -> Path:
     return dest
 
 
-def build_tiny_model(dest: str | Path) -> Path:
-    """Build and save the tiny tokenizer + random-weight Qwen3 model under `dest`; return it."""
+# Architecture presets. "tiny": the smallest model that exercises every code path (tests, the proxy).
+# "tiny-swa": the one the embedded default trains: wider (it memorises a warm-start trajectory in tens of
+# steps) and with sliding-window attention in both layers, so a token depends on the last 2 x 256 tokens
+# only: a warm start can train on exact windows around the model's turns instead of whole 6k-token sessions.
+PRESETS: dict[str, dict] = {
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16},
+    "tiny-swa": {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "head_dim": 64,
+        "use_sliding_window": True,
+        "sliding_window": 256,
+        "max_window_layers": 0,
+    },
+}
+
+
+def build_tiny_model(dest: str | Path, preset: str = "tiny") -> Path:
+    """Build and save the tiny tokenizer + random-weight Qwen3 model (`PRESETS[preset]`) under `dest`."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -120,17 +137,15 @@ def build_tiny_model(dest: str | Path) -> Path:
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
         max_position_embeddings=65536,
         tie_word_embeddings=True,
         eos_token_id=eos,
         pad_token_id=pad,
         bos_token_id=pad,
+        **PRESETS[preset],
     )
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(config)

@@ -1,0 +1,156 @@
+"""The GRPO formulas sweflow trains with, as small pure functions on tensors (one place for each).
+
+- `group_advantages`: A_i = (r_i - mean_g) / (std_g + eps) over each group's *valid* samples (std unbiased);
+  aborted samples and groups left with fewer than 2 valid samples get 0 (no gradient).
+- `whiten`: optional batch whitening of token advantages over the loss tokens (masked mean, Bessel variance).
+- `tis_weights`: token TIS w_t = clamp(exp(logp_old - logp_rollout), 0, cap), no gradient.
+- `k3_kl`: low_var_kl with d = logp_ref - logp: exp(d) - 1 - d, clamped to [-10, 10].
+- `ppo_clip_loss`: max(-A r, -A clamp(r, 1 - eps_low, 1 + eps_high)), r = exp(logp - logp_old).
+- `per_sample_mean`: mean over each sample's loss tokens, then over samples.
+- `grpo_loss`: the recipe's loss from those pieces, with the per-step statistics the metrics report.
+The TRL engine computes its loss with `grpo_loss`; verl's own core_algos are configured to the same formulas
+(tests check both against numbers computed from the formulas).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+KL_CLAMP = 10.0
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    groups: Sequence[Any],
+    valid: Sequence[bool],
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> list[float]:
+    """One advantage per sample; `groups[i]` names sample i's group (the prompt it was sampled for)."""
+    members: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        if valid[i]:
+            members.setdefault(g, []).append(i)
+    out = [0.0] * len(rewards)
+    for idx in members.values():
+        if len(idx) < 2:
+            continue
+        vals = [float(rewards[i]) for i in idx]
+        mean = sum(vals) / len(vals)
+        var = sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)
+        scale = (var**0.5 + eps) if norm_by_std else 1.0
+        for i, v in zip(idx, vals, strict=True):
+            out[i] = (v - mean) / scale
+    return out
+
+
+def whiten(values: Any, mask: Any, eps: float = 1e-8) -> Any:
+    """(values - masked mean) / sqrt(masked Bessel variance + eps), zero outside the mask."""
+    mask = mask.to(values.dtype)
+    n = mask.sum()
+    mean = (values * mask).sum() / n
+    var = (((values - mean) ** 2) * mask).sum() / (n - 1).clamp(min=1)
+    return (values - mean) * (var + eps).rsqrt() * mask
+
+
+def tis_weights(old_logp: Any, rollout_logp: Any, cap: float) -> Any:
+    """Truncated importance weights of the trainer's old policy over the rollout engine's policy."""
+    import torch
+
+    return torch.clamp(torch.exp(old_logp - rollout_logp), min=0.0, max=cap).detach()
+
+
+def k3_kl(logp: Any, ref_logp: Any) -> Any:
+    """The low-variance (k3) KL estimate per token, clamped like the reference trainers clamp it."""
+    import torch
+
+    delta = ref_logp - logp
+    return torch.clamp(torch.exp(delta) - 1 - delta, min=-KL_CLAMP, max=KL_CLAMP)
+
+
+def ppo_clip_loss(logp: Any, old_logp: Any, advantages: Any, clip_low: float, clip_high: float) -> tuple:
+    """(per-token clipped policy loss, per-token 'was clipped' flag) with the asymmetric high side."""
+    import torch
+
+    ratio = torch.exp(logp - old_logp)
+    loss1 = -advantages * ratio
+    loss2 = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    return torch.maximum(loss1, loss2), (loss2 > loss1).to(logp.dtype)
+
+
+def per_sample_mean(values: Any, mask: Any) -> Any:
+    """Mean over each sample's loss tokens, then over the samples (a sample with no loss token counts 0)."""
+    mask = mask.to(values.dtype)
+    per_sample = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return per_sample.mean()
+
+
+def masked_mean(values: Any, mask: Any) -> float:
+    mask = mask.to(values.dtype)
+    total = mask.sum()
+    return float((values * mask).sum() / total) if float(total) > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.001
+    tis: bool = True
+    tis_cap: float = 2.0
+    entropy_coef: float = 0.0
+
+    @classmethod
+    def from_recipe(cls, r: Any) -> LossConfig:
+        return cls(
+            clip_low=r.clip_low,
+            clip_high=r.clip_high,
+            kl_coef=r.kl_coef,
+            tis=r.tis_level == "token",
+            tis_cap=r.tis_cap,
+            entropy_coef=r.entropy_coef,
+        )
+
+
+def grpo_loss(
+    logp: Any,
+    old_logp: Any,
+    advantages: Any,
+    mask: Any,
+    cfg: LossConfig,
+    *,
+    rollout_logp: Any = None,
+    ref_logp: Any = None,
+    entropy: Any = None,
+) -> tuple[Any, dict[str, float]]:
+    """The recipe's loss on (B, T) tensors; `advantages` is (B,) or (B, T); `mask` marks the loss tokens
+    (model-generated, not tool output). Returns (loss, stats)."""
+    import torch
+
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1).expand_as(logp)
+    pg, clipped = ppo_clip_loss(logp, old_logp, adv, cfg.clip_low, cfg.clip_high)
+    stats: dict[str, float] = {"clip_fraction": masked_mean(clipped, mask)}
+    if cfg.tis and rollout_logp is not None:
+        raw = torch.exp(old_logp - rollout_logp).detach()
+        weights = torch.clamp(raw, min=0.0, max=cfg.tis_cap)
+        pg = pg * weights
+        stats["tis_weight_mean"] = masked_mean(weights, mask)
+        stats["tis_clipped_share"] = masked_mean((raw > cfg.tis_cap).to(logp.dtype), mask)
+    policy_loss = per_sample_mean(pg, mask)
+    loss = policy_loss
+    stats["policy_loss"] = float(policy_loss.detach())
+    if ref_logp is not None:
+        kl = k3_kl(logp, ref_logp)
+        kl_loss = per_sample_mean(kl, mask)
+        stats["kl"] = float(kl_loss.detach())
+        if cfg.kl_coef:
+            loss = loss + cfg.kl_coef * kl_loss
+    if entropy is not None:
+        ent = per_sample_mean(entropy, mask)
+        stats["entropy"] = float(ent.detach())
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * ent
+    return loss, stats

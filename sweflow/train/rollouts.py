@@ -1,0 +1,210 @@
+"""Rollouts of the policy being trained: the token-recording proxy in front of an engine, sweflow's
+Dispatcher over a sandbox provider, and what a trainer needs from each sample.
+
+`PolicyRollouts` starts one proxy (engine = the live policy for TRL) and runs (row, group index) pairs
+through `Dispatcher.run_sample`: sandbox, Claude Code through the proxy, patch, fresh-sandbox evaluation,
+integrity, reward. `completion_of` turns a result into one (prompt, completion, logprobs, env_mask) for a
+trainer that takes one completion per prompt; `sample_record` is the rollouts/step-<n>.jsonl line (no
+secret, no patch text); `step_stats` the rollout half of a metrics.jsonl line.
+
+Aborted samples (sandbox died, agent timeout, proxy error, evaluation infrastructure) are `valid=False`:
+left out of the update and counted by reason, never trained on as reward 0.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..proxy import ProxyConfig, ProxyServer
+from ..rollout.clients import HttpProxyClient
+from ..rollout.dispatcher import Dispatcher
+from ..rollout.types import RolloutConfig, RolloutResult
+from ..sandbox.base import Provider
+
+
+@dataclass
+class Completion:
+    """One trainable sequence of a rollout: the first prompt, then everything after it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    env_mask: list[int]  # 1 = a token the model generated (trained on), 0 = tool output / template
+    valid: bool
+    segments: int  # linearised samples the proxy recorded for the session (>1: it split the session)
+    truncated: bool
+
+
+def completion_of(result: RolloutResult, *, max_response_tokens: int, pad_id: int) -> Completion:
+    """The session's last linearised sample (the one its reward belongs to) as prompt + completion.
+
+    Earlier segments of a split session are not trained on by a one-completion-per-prompt trainer (the
+    verl engine trains every segment); their count is kept. An aborted sample, or one with no recorded
+    model token, is a one-token placeholder with `valid=False` and no loss token.
+    """
+    samples = list(result.samples or [])
+    if result.aborted or not samples:
+        return Completion([pad_id], [pad_id], [0.0], [0], False, len(samples), False)
+    s = samples[-1]
+    cut = int(s["prompt_length"])
+    ids, mask, lps = s["token_ids"], s["loss_mask"], s["rollout_logprobs"]
+    comp, env, lp = list(ids[cut:]), [int(m) for m in mask[cut:]], [float(x) for x in lps[cut:]]
+    truncated = len(comp) > max_response_tokens
+    comp, env, lp = comp[:max_response_tokens], env[:max_response_tokens], lp[:max_response_tokens]
+    if not comp or not any(env):
+        return Completion([pad_id], [pad_id], [0.0], [0], False, len(samples), truncated)
+    return Completion(list(ids[:cut]), comp, lp, env, True, len(samples), truncated)
+
+
+def sample_record(
+    result: RolloutResult, *, step: int, group: int, completion: Completion | None = None
+) -> dict:
+    """The rollouts/step-<n>.jsonl line of one sample: outcome and sizes, no secret and no patch text."""
+    samples = result.samples or []
+    rec = {
+        "step": step,
+        "instance_id": result.instance_id,
+        "group": group,
+        "group_index": result.group_index,
+        "session_id": result.session_id,
+        "status": result.status,
+        "aborted": result.aborted,
+        "reward": None if result.aborted else float(result.reward),
+        "resolved": bool(result.resolved),
+        "failure_reason": result.failure_reason,
+        "turns": int(result.num_turns),
+        "segments": len(samples),
+        "prompt_tokens": int(samples[0]["prompt_length"]) if samples else 0,
+        "response_tokens": sum(sum(s["loss_mask"]) for s in samples),
+        "total_tokens": sum(len(s["token_ids"]) for s in samples),
+        "patch_bytes": (result.patch or {}).get("bytes"),
+        "patch_files": (result.patch or {}).get("files"),
+        "integrity_violations": [v.get("rule") for v in result.integrity_violations or []],
+        "timings": dict(sorted((result.timings or {}).items())),
+    }
+    if completion is not None:
+        rec["trained"] = completion.valid
+        rec["trained_tokens"] = sum(completion.env_mask) if completion.valid else 0
+        rec["truncated"] = completion.truncated
+    return rec
+
+
+def _std(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def step_stats(records: Sequence[dict]) -> dict[str, Any]:
+    """Rollout statistics of one step from its sample records (the counts add up: completed + aborted =
+    samples; groups_with_gradient + groups_without_gradient = groups)."""
+    done = [r for r in records if not r["aborted"]]
+    rewards = [float(r["reward"]) for r in done]
+    by_group: dict[int, list[float]] = {}
+    for r in done:
+        by_group.setdefault(int(r["group"]), []).append(float(r["reward"]))
+    groups = {int(r["group"]) for r in records}
+    scored = {g: v for g, v in by_group.items() if len(v) >= 2}
+    varied = [g for g, v in scored.items() if max(v) != min(v)]
+    return {
+        "samples": len(records),
+        "completed": len(done),
+        "aborted": len(records) - len(done),
+        "aborted_by_reason": dict(
+            sorted(Counter(r["failure_reason"] or "unknown" for r in records if r["aborted"]).items())
+        ),
+        "failure_reasons": dict(
+            sorted(Counter(r["failure_reason"] for r in done if r["failure_reason"]).items())
+        ),
+        "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+        "reward_std": _std(rewards) if rewards else None,
+        "resolved_share": sum(1 for r in done if r["resolved"]) / len(done) if done else None,
+        "groups": len(groups),
+        "groups_with_gradient": len(varied),
+        "groups_without_gradient": len(groups) - len(varied),
+        "zero_variance_group_share": (len(scored) - len(varied)) / len(scored) if scored else None,
+        "small_groups": len(groups) - len(scored),
+        "integrity_violations": sum(len(r["integrity_violations"]) for r in records),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in records),
+        "response_tokens": sum(r["response_tokens"] for r in records),
+        "split_sessions": sum(1 for r in records if r["segments"] > 1),
+    }
+
+
+class PolicyRollouts:
+    """One proxy in front of `engine` and a Dispatcher over `provider`; `with PolicyRollouts(...) as pr:`.
+
+    `public_url` is the proxy as sandboxes reach it (E2B: a public HTTP(S) URL); None: the listening address
+    (local and Docker sandboxes get a route to exactly that port).
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        provider: Provider,
+        *,
+        max_new_tokens: int,
+        max_context_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        public_url: str | None = None,
+        max_concurrency: int = 4,
+        turn_timeout: float | None = None,
+        session_prefix: str = "",
+        eval_network: dict[str, Any] | None = None,
+    ) -> None:
+        self.proxy = ProxyServer(
+            engine,
+            tokenizer,
+            ProxyConfig(
+                max_new_tokens=max_new_tokens,
+                max_context_tokens=max_context_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+            ),
+            host=host,
+            port=port,
+        )
+        self.provider = provider
+        self.public_url = public_url
+        self.config = RolloutConfig(
+            max_concurrency=max_concurrency,
+            turn_timeout=turn_timeout,
+            session_prefix=session_prefix,
+            eval_network=eval_network,
+            router_url=public_url,
+        )
+        self.dispatcher: Dispatcher | None = None
+
+    def __enter__(self) -> PolicyRollouts:
+        self.proxy.start()
+        client = HttpProxyClient(self.proxy.url, admin_token=self.proxy.admin_token)
+        self.dispatcher = Dispatcher(self.provider, client, config=self.config)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proxy.stop()
+
+    def run(self, jobs: Sequence[tuple[dict[str, Any], int]], prefix: str = "") -> list[RolloutResult]:
+        """Run every (row, group index) under the dispatcher's concurrency limit; results in job order."""
+        if self.dispatcher is None:
+            raise RuntimeError("PolicyRollouts is not started (use it as a context manager)")
+        self.dispatcher.config.session_prefix = prefix or self.config.session_prefix
+        out: list[RolloutResult | None] = [None] * len(jobs)
+        workers = max(1, min(len(jobs), self.config.max_concurrency))
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="train-rollout") as pool:
+            futures = {pool.submit(self.dispatcher.run_sample, row, g): i for i, (row, g) in enumerate(jobs)}
+            for fut in concurrent.futures.as_completed(futures):
+                out[futures[fut]] = fut.result()
+        return [r for r in out if r is not None]

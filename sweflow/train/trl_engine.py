@@ -1,0 +1,372 @@
+"""The TRL engine: TRL 1.16's GRPOTrainer with sweflow's rollouts and the recipe's loss.
+
+- `grpo_args(recipe, ...)` maps the Recipe onto a GRPOConfig (one generation per step of prompts x n
+  samples, `updates_per_step` optimizer updates of `global_batch` samples, micro-batches of `micro_batch`).
+- The proxy's engine is the trainer's live policy (`LivePolicyEngine` over the unwrapped model): every step
+  samples from the current weights, so there is nothing to sync (weight_sync_s is the no-op's time).
+- `SweflowGRPOTrainer` overrides three things: the rollout function (sweflow's Dispatcher, one completion
+  per prompt, see `sweflow.train.rollouts.completion_of`), the advantages (`sweflow.train.algos.
+  group_advantages` over valid samples only; aborted samples lose every loss token), and the loss
+  (`sweflow.train.algos.grpo_loss`: PPO clip with the high side, token TIS on the recorded rollout
+  logprobs, clamped k3 KL to the reference model, per-sample mean). TRL's own loss would weigh its KL by the
+  ratio, skip the clamp and, without vLLM, ignore the rollout logprobs (REFERENCE "TRL 1.16").
+- Each optimizer step appends one line to metrics.jsonl; each generation writes rollouts/step-<n>.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..proxy.engines import TransformersEngine
+from ..util import atomic_write
+from .algos import LossConfig, group_advantages, grpo_loss, whiten
+from .recipe import Recipe
+from .rollouts import Completion, completion_of, sample_record, step_stats
+
+log = logging.getLogger("sweflow.train")
+
+
+class LivePolicyEngine(TransformersEngine):
+    """TransformersEngine over a model a trainer owns: not moved, not copied; generation under the
+    engine's lock with gradients off (the trainer does not step while a rollout generates)."""
+
+    def __init__(self, model: Any, device: str) -> None:
+        import inspect
+
+        import torch
+
+        self._torch = torch
+        self.model = model
+        self.device = device
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._lock = threading.Lock()
+
+
+def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int = 1) -> Any:
+    """The GRPOConfig that runs `recipe` (`world_size` = processes, one per device)."""
+    from trl import GRPOConfig
+
+    r = recipe
+    per_update = r.global_batch // (r.micro_batch * world_size)
+    per_generation = r.samples_per_step // (r.micro_batch * world_size)
+    on_cpu = r.parallel.gpus_per_node == 0
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        seed=r.seed,
+        num_generations=r.samples_per_prompt,
+        per_device_train_batch_size=r.micro_batch,
+        gradient_accumulation_steps=per_update,
+        steps_per_generation=per_generation,
+        num_iterations=1,
+        max_steps=r.total_steps * r.updates_per_step,
+        max_completion_length=r.max_response_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        learning_rate=r.optim.lr,
+        adam_beta1=r.optim.betas[0],
+        adam_beta2=r.optim.betas[1],
+        weight_decay=r.optim.weight_decay,
+        max_grad_norm=r.optim.grad_clip,
+        warmup_steps=r.optim.warmup_steps,
+        lr_scheduler_type="constant_with_warmup" if r.optim.warmup_steps else "constant",
+        beta=r.kl_coef,  # TRL computes the reference logprobs only when beta != 0
+        epsilon=r.clip_low,
+        epsilon_high=r.clip_high,
+        loss_type="grpo",
+        scale_rewards="group",
+        use_bias_correction_kl=False,
+        mask_truncated_completions=False,
+        remove_unused_columns=False,
+        shuffle_dataset=True,
+        save_strategy="steps",
+        save_steps=r.save_every * r.updates_per_step,
+        save_only_model=False,
+        logging_steps=1,
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=on_cpu,
+        bf16=not on_cpu,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+
+
+def _reward_from_rollout(prompts: Any, completions: Any, **kwargs: Any) -> list[float | None]:
+    """The fresh evaluation's reward (None for an aborted sample: TRL leaves it out of its own statistics)."""
+    return list(kwargs["sweflow_reward"])
+
+
+_reward_from_rollout.__name__ = "fresh_evaluation"
+
+
+def _trainer_class() -> type:
+    from trl import GRPOTrainer
+
+    class SweflowGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer whose rollouts, advantages and loss are sweflow's (see the module docstring)."""
+
+        def __init__(
+            self,
+            *args: Any,
+            recipe: Recipe,
+            rollouts_factory: Callable[[Any], Any],
+            out_dir: str | os.PathLike,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(*args, reward_funcs=[_reward_from_rollout], rollout_func=self._rollout, **kwargs)
+            self.recipe = recipe
+            self.loss_cfg = LossConfig.from_recipe(recipe)
+            self.out_dir = Path(out_dir)
+            self._rows: list[dict] = []
+            self._valid: list[bool] = []
+            self._rewards: list[float] = []
+            self._generation = 0
+            self._loss_stats: list[dict[str, float]] = []
+            self._step_rollout: dict[str, Any] = {}
+            self._t_rollout_end = time.monotonic()
+            device = str(self.accelerator.device)
+            self.policy_engine = LivePolicyEngine(self.accelerator.unwrap_model(self.model), device)
+            self.rollouts = rollouts_factory(self.policy_engine)
+
+        # ---------------------------------------------------------------- rollouts
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            self._rows = [json.loads(x["sweflow_row"]) for x in inputs]
+            out = super()._generate_and_score_completions(inputs)
+            return self._sweflow_advantages(out)
+
+        def _rollout(self, prompts: list, trainer: Any) -> dict[str, list]:
+            import torch
+            from accelerate.utils import gather_object
+
+            n = self.recipe.samples_per_prompt
+            offset = self.accelerator.process_index * len(prompts)
+            step = self._generation + 1
+            jobs = [(row, (offset + i) % n) for i, row in enumerate(self._rows)]
+            t0 = time.monotonic()
+            t_sync = time.monotonic()  # the live policy is the trainer's model: nothing to copy
+            sync_s = time.monotonic() - t_sync
+            results = self.rollouts.run(jobs, prefix=f"{self.recipe.run}.s{step}.")
+            rollout_s = time.monotonic() - t0
+            pad = self.processing_class.pad_token_id
+            comps: list[Completion] = [
+                completion_of(r, max_response_tokens=self.recipe.max_response_tokens, pad_id=pad)
+                for r in results
+            ]
+            self._valid = [c.valid for c in comps]
+            self._rewards = [float(r.reward) if c.valid else 0.0 for r, c in zip(results, comps, strict=True)]
+            records = [
+                sample_record(r, step=step, group=(offset + i) // n, completion=c)
+                for i, (r, c) in enumerate(zip(results, comps, strict=True))
+            ]
+            records = gather_object(records)
+            if self.accelerator.is_main_process:
+                self._write_records(step, records)
+            stats = step_stats(records)
+            stats.update(rollout_s=round(rollout_s, 3), weight_sync_s=round(sync_s, 6))
+            stats["trained_samples"] = sum(1 for r in records if r.get("trained"))
+            self._step_rollout = stats
+            self._generation = step
+            self._t_rollout_end = time.monotonic()
+            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            return {
+                "prompt_ids": [c.prompt_ids for c in comps],
+                "completion_ids": [c.completion_ids for c in comps],
+                "logprobs": [c.logprobs for c in comps],
+                "env_mask": [c.env_mask for c in comps],
+                "sweflow_reward": [
+                    float(r.reward) if c.valid else None for r, c in zip(results, comps, strict=True)
+                ],
+            }
+
+        def _write_records(self, step: int, records: Sequence[dict]) -> None:
+            folder = self.out_dir / "rollouts"
+            folder.mkdir(parents=True, exist_ok=True)
+            text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+            atomic_write(folder / f"step-{step}.jsonl", text)
+
+        def _sweflow_advantages(self, out: dict[str, Any]) -> dict[str, Any]:
+            import torch
+
+            device = out["completion_mask"].device
+            n = self.recipe.samples_per_prompt
+            valid_local = torch.tensor(self._valid, dtype=torch.bool, device=device)
+            rewards_local = torch.tensor(self._rewards, dtype=torch.float32, device=device)
+            valid = self.accelerator.gather(valid_local).tolist()
+            rewards = self.accelerator.gather(rewards_local).tolist()
+            adv = group_advantages(
+                rewards,
+                [i // n for i in range(len(rewards))],
+                valid,
+                norm_by_std=self.recipe.norm_adv_by_std,
+                eps=self.recipe.adv_eps,
+            )
+            start = self.accelerator.process_index * len(self._valid)
+            local = torch.tensor(adv[start : start + len(self._valid)], dtype=torch.float32, device=device)
+            out["completion_mask"] = out["completion_mask"] * valid_local.unsqueeze(1).to(
+                out["completion_mask"].dtype
+            )
+            if self.recipe.batch_whiten:
+                mask = out["completion_mask"] * out.get("tool_mask", torch.ones_like(out["completion_mask"]))
+                local = whiten(local.unsqueeze(1).expand(mask.shape).clone(), mask)
+            out["advantages"] = local
+            return out
+
+        # ---------------------------------------------------------------- loss
+        def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
+            import torch
+
+            prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+            completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+            input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+            attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+            mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+            logp, entropy, _ = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
+            )
+            old = inputs.get("old_per_token_logps")
+            old = logp.detach() if old is None else old
+            loss, stats = grpo_loss(
+                logp,
+                old,
+                inputs["advantages"],
+                mask,
+                self.loss_cfg,
+                rollout_logp=inputs.get("sampling_per_token_logps"),
+                ref_logp=inputs.get("ref_per_token_logps"),
+                entropy=entropy,
+            )
+            self._loss_stats.append(stats)
+            if self.model.training:
+                loss = loss / self.current_gradient_accumulation_steps
+            return loss
+
+        # ---------------------------------------------------------------- metrics
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            super().log(logs, start_time)
+            if "loss" not in logs and "grad_norm" not in logs:
+                return
+            self._write_metrics(logs)
+
+        def _write_metrics(self, logs: dict[str, float]) -> None:
+            keys = ("policy_loss", "kl", "clip_fraction", "tis_weight_mean", "tis_clipped_share", "entropy")
+            loss_means = {
+                k: (
+                    sum(s[k] for s in self._loss_stats if k in s)
+                    / max(1, sum(1 for s in self._loss_stats if k in s))
+                )
+                if any(k in s for s in self._loss_stats)
+                else None
+                for k in keys
+            }
+            self._loss_stats = []
+            train_s = time.monotonic() - self._t_rollout_end
+            roll = dict(self._step_rollout)
+            tokens = (roll.get("prompt_tokens") or 0) + (roll.get("response_tokens") or 0)
+            total_s = (roll.get("rollout_s") or 0.0) + train_s
+            line = {
+                "step": int(self.state.global_step),
+                "rollout_step": self._generation,
+                **roll,
+                **loss_means,
+                "grad_norm": logs.get("grad_norm"),
+                "lr": logs.get("learning_rate"),
+                "train_s": round(train_s, 3),
+                "tokens_per_s": round(tokens / total_s, 2) if total_s > 0 else None,
+            }
+            if self.accelerator.is_main_process:
+                with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(line, sort_keys=True) + "\n")
+            log.info(
+                "step %d: reward %.3f over %d/%d samples, %d group(s) with gradient, loss %s",
+                line["step"],
+                line.get("reward_mean") or 0.0,
+                line.get("completed", 0),
+                line.get("samples", 0),
+                line.get("groups_with_gradient", 0),
+                line.get("policy_loss"),
+            )
+            self._t_rollout_end = time.monotonic()
+
+    return SweflowGRPOTrainer
+
+
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Keep the metrics lines of steps up to `last_step` (a resumed run rewrites the rest)."""
+    if not path.exists():
+        return
+    keep = [
+        ln
+        for ln in path.read_text(encoding="utf-8").splitlines()
+        if ln.strip() and json.loads(ln)["step"] <= last_step
+    ]
+    atomic_write(path, "".join(ln + "\n" for ln in keep))
+
+
+def train_trl(
+    recipe: Recipe,
+    *,
+    rows: Sequence[dict[str, Any]],
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    rollouts_factory: Callable[[Any], Any],
+) -> dict[str, Any]:
+    """Run (or resume) the GRPO run in `out_dir`: checkpoints/, final/, metrics.jsonl, rollouts/.
+
+    `rollouts_factory(engine)` returns a `PolicyRollouts`-like context manager (`.run(jobs, prefix)`) over
+    the live policy engine; it is entered for the whole run. Returns a summary.
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    out = Path(out_dir)
+    ckpt_dir = out / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    last = get_last_checkpoint(str(ckpt_dir)) if any(ckpt_dir.iterdir()) else None
+    resumed_from = None
+    if last:
+        state = json.loads((Path(last) / "trainer_state.json").read_text())
+        resumed_from = int(state["global_step"])
+        trim_metrics(out / "metrics.jsonl", resumed_from)
+    else:
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    data = Dataset.from_list(
+        [{"prompt": r["prompt"], "sweflow_row": json.dumps(r, sort_keys=True)} for r in rows]
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    args = grpo_args(recipe, ckpt_dir)
+    args.model_init_kwargs = {"dtype": torch.float32 if args.use_cpu else torch.bfloat16}
+    trainer = _trainer_class()(
+        model=str(model_dir),
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        recipe=recipe,
+        rollouts_factory=rollouts_factory,
+        out_dir=out,
+    )
+    t0 = time.monotonic()
+    with trainer.rollouts:
+        result = trainer.train(resume_from_checkpoint=last)
+    final = out / "final"
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
+    return {
+        "engine": "trl",
+        "steps": int(trainer.state.global_step),
+        "resumed_from_step": resumed_from,
+        "train_seconds": round(time.monotonic() - t0, 3),
+        "train_loss": float(result.training_loss) if result.training_loss is not None else None,
+        "final_checkpoint": str(final),
+    }
