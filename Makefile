@@ -11,13 +11,18 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# pin the CPU build of torch first so no multi-GB CUDA build is pulled in
 	$(PY) -m pip install -q 'torch==2.13.0'
-	$(PY) -m pip install -q -e '.[harness,sandbox,model,test]'
+	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,test]'
 	touch $@
 
 # swebench 5.x beside 4.x (same package name, so not in one venv): only its pure-Python modules, whose
 # imports the venv already has; tests put this folder first on sys.path in a subprocess
 $(VENV)/harness5/.installed: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/harness5 'swebench==5.0.2'
+	touch $@
+
+# verl (with Ray) only for the tests: the embedded default trains with the TRL engine
+$(VENV)/.verl-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,test,verl]'
 	touch $@
 
 setup: $(VENV)/.installed $(VENV)/harness5/.installed
@@ -28,7 +33,7 @@ system:
 run: setup system
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --profile profiles/local
 
-test: setup system
+test: setup $(VENV)/.verl-installed system
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS) tests
 
 lint: setup

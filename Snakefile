@@ -14,6 +14,7 @@ include: "rules/data.smk"
 include: "rules/sandbox.smk"
 include: "rules/validate.smk"
 include: "rules/e2e.smk"
+include: "rules/train.smk"
 
 
 rule all:
@@ -33,6 +34,7 @@ rule all:
             split=SPLITS,
         ),
         e2e=E2E_TARGETS,
+        train=TRAIN_TARGETS,
 
 
 rule data:

@@ -5,6 +5,7 @@ from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import min_version
 
 from sweflow.config import workflow_config
+from sweflow.stages.common import model_dir_name
 from sweflow.errors import ConfigError
 from sweflow.util import redact
 
@@ -36,6 +37,11 @@ wildcard_constraints:
     split=r"[A-Za-z0-9_-]+",
     key=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     provider=r"local|docker|e2b",
+
+
+def redacted(section):
+    """A config section for params (recorded in clear): credentials in its strings redacted."""
+    return json.loads(redact(json.dumps(section)))
 
 
 def split_file(wildcards):
@@ -138,3 +144,31 @@ def write_run_manifest():
     from sweflow.stages.common import write_run_manifest as write
 
     write(f"results/{DATASET}/manifest.json", root=".")
+
+
+# ----- training (rules/train.smk)
+TRAIN = config["train"]
+TRAIN_MODEL = TRAIN["model"]
+MODEL_NAME = TRAIN_MODEL["name"] or model_dir_name(TRAIN_MODEL["repo_id"])
+# "dataset": the dataset's Hub (the bundled local one in the embedded default)
+MODEL_ENDPOINT = (
+    config["dataset"]["hub"]["endpoint"]
+    if TRAIN_MODEL["endpoint"] == "dataset"
+    else TRAIN_MODEL["endpoint"]
+)
+TRAIN_GPUS = TRAIN["parallel"]["gpus_per_node"]
+TRAIN_NODES = TRAIN["parallel"]["nodes"]
+USE_MEGATRON = TRAIN["engine"] == "verl" and TRAIN_MODEL["megatron"]["enabled"]
+GRPO_DIR = f"results/{DATASET}/grpo/{TRAIN['run']}"
+TRAIN_TARGETS = [f"{GRPO_DIR}/summary.json"] if TRAIN["enabled"] else []
+
+
+def grpo_model(wildcards):
+    """The weights GRPO starts from: the warm-started model when configured, else the Hub snapshot."""
+    if TRAIN["warm_start"]["enabled"]:
+        return f"results/{wildcards.dataset}/warm_start/{MODEL_NAME}/hf"
+    return f"models/{MODEL_NAME}/hf"
+
+
+def grpo_megatron(wildcards):
+    return [f"models/{MODEL_NAME}/torch_dist"] if USE_MEGATRON else []

@@ -13,6 +13,7 @@ rule e2e_check:
     output:
         report="results/{dataset}/e2e/{instance_id}.json",
         evidence="results/{dataset}/e2e/{instance_id}.evidence.jsonl.gz",
+        trajectories="results/{dataset}/e2e/{instance_id}.trajectories.jsonl.gz",
     log:
         "logs/{dataset}/e2e_check/{instance_id}.log",
     wildcard_constraints:

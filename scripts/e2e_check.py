@@ -12,4 +12,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/e2e_check.py"):
         cfg=smk.params.sandbox,
         tokenizer=smk.params.tokenizer,
         evidence_out=smk.output.evidence,
+        trajectories_out=smk.output.trajectories,
     )

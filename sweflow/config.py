@@ -240,7 +240,36 @@ def _validate(sch: dict[str, Any], cfg: dict[str, Any], origins: Mapping[Path_, 
     raise ConfigError(message, file=_where(origins, path), field=".".join(path) or "(top level)")
 
 
+def _train_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
+    """What the chosen training engine cannot run is an error before any job starts."""
+    train = cfg.get("train") or {}
+    if not train.get("enabled"):
+        return
+    from .train.recipe import Recipe, check_recipe
+
+    try:
+        check_recipe(Recipe.from_config(train))
+    except ConfigError as exc:
+        path = tuple(str(exc.field or "train").split("."))
+        raise ConfigError(exc.problem, file=_where(origins, path), field=exc.field, hint=exc.hint) from None
+    if train["warm_start"]["enabled"] and not cfg["e2e"].get("instance"):
+        raise ConfigError(
+            "the warm start trains on the e2e check's recorded sessions, and e2e.instance is null",
+            file=_where(origins, ("train", "warm_start", "enabled")),
+            field="train.warm_start.enabled",
+            hint="set e2e.instance to a sample task, or warm_start.enabled: false",
+        )
+    if train["split"] not in cfg["dataset"]["splits"]:
+        raise ConfigError(
+            f"{train['split']!r} is not a configured split",
+            file=_where(origins, ("train", "split")),
+            field="train.split",
+            hint=f"configured: {', '.join(cfg['dataset']['splits'])}",
+        )
+
+
 def _semantic_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
+    _train_checks(cfg, origins)
     ds = cfg["dataset"]
     for i, name in enumerate(ds.get("select_splits") or []):
         if name not in ds["splits"]:

@@ -469,18 +469,35 @@ def publish_tiny_model(
     """
     import tempfile
 
+    import torch
+    import transformers
+
+    from sweflow.proxy import tiny
     from sweflow.proxy.tiny import build_tiny_model
 
     store = HubStore(root)
+    preset = preset or TINY_MODEL_REPOS.get(repo_id, "tiny")
+    # Building takes seconds (torch, a tokenizer trained from scratch): skip it when this store already
+    # holds the build of the same code, preset and library versions.
+    source = (
+        Path(tiny.__file__).read_bytes()
+        + f"|{preset}|{torch.__version__}|{transformers.__version__}".encode()
+    )
+    stamp = sha256_bytes(source)
+    marker = Path(root) / "models" / repo_id / ".built-from"
+    if store.exists(repo_id, "model") and marker.is_file() and marker.read_text().strip() == stamp:
+        return store.resolve(repo_id, "main", "model")
     with tempfile.TemporaryDirectory(prefix="sweflow-tiny-publish-") as tmp:
-        built = build_tiny_model(Path(tmp) / "model", preset or TINY_MODEL_REPOS.get(repo_id, "tiny"))
+        built = build_tiny_model(Path(tmp) / "model", preset)
         files = {
             p.relative_to(built).as_posix(): p.read_bytes() for p in sorted(built.rglob("*")) if p.is_file()
         }
     stale: tuple[str, ...] = ()
     if store.exists(repo_id, "model"):
         stale = tuple(sorted(set(store.files(repo_id, "main", "model")) - set(files)))
-    return store.publish(repo_id, files, "Add the tiny Qwen3 model", delete=stale, repo_type="model")
+    sha = store.publish(repo_id, files, "Add the tiny Qwen3 model", delete=stale, repo_type="model")
+    atomic_write(marker, stamp + "\n")
+    return sha
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -169,9 +169,11 @@ def run_policy(
     evaluator: Evaluator | None = None,
     config: RolloutConfig | None = None,
     evidence: list[dict[str, Any]] | None = None,
+    trajectories: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One rollout of `row` with `policy` behind a fresh proxy; the report entry for that policy. The
-    grading's evidence record (whole log, status map) is appended to `evidence` when given."""
+    grading's evidence record (whole log, status map) is appended to `evidence` when given, and the
+    recorded token samples with the outcome to `trajectories` (what a warm start trains on)."""
     engine = ScriptedEngine(policy, tokenizer)
     with ProxyServer(engine, tokenizer, ProxyConfig(max_new_tokens=4096), host="127.0.0.1", port=0) as proxy:
         cfg = config or RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{policy.name}.")
@@ -181,6 +183,8 @@ def run_policy(
         stop_text = tokenizer.decode([proxy.stop_ids[0]]) if proxy.stop_ids else ""
     if evidence is not None:
         evidence.append(result.evidence_record(policy=policy.name))
+    if trajectories is not None:
+        trajectories.append(trajectory_record(policy.name, result))
     ok, expected = expectation(policy.name, result)
     checks = token_checks(result, policy, tokenizer, stop_text)
     tokens_ok = checks["lengths_equal"] and checks["outputs_match"] and checks["logprobs_match"]
@@ -205,6 +209,21 @@ def run_policy(
     }
 
 
+def trajectory_record(policy: str, result: RolloutResult) -> dict[str, Any]:
+    """A policy's recorded session: outcome and each linearised sample's ids, loss mask and prompt length."""
+    return {
+        "policy": policy,
+        "instance_id": result.instance_id,
+        "status": result.status,
+        "reward": result.reward,
+        "failure_reason": result.failure_reason,
+        "samples": [
+            {"token_ids": s["token_ids"], "loss_mask": s["loss_mask"], "prompt_length": s["prompt_length"]}
+            for s in result.samples
+        ],
+    }
+
+
 def e2e_check(
     row: Mapping[str, Any],
     *,
@@ -214,6 +233,7 @@ def e2e_check(
     policies: Sequence[str] = POLICIES,
     evidence: list[dict[str, Any]] | None = None,
     network: Mapping[str, Any] | None = None,
+    trajectories: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the scripted policies on one training row; {instance_id, template, provider, ok, policies}.
     `network` is the ``sandbox.network`` section for the fresh evaluations."""
@@ -238,6 +258,7 @@ def e2e_check(
             evaluator=evaluator,
             config=cfg,
             evidence=evidence,
+            trajectories=trajectories,
         )
         log.info(
             "e2e %s: %s -> %s reward=%s reason=%s ok=%s",

@@ -20,6 +20,11 @@ def listed_ids(listing: str | os.PathLike) -> list[str]:
     return [x.strip() for x in Path(listing).read_text().splitlines() if x.strip()]
 
 
+def model_dir_name(repo_id: str) -> str:
+    """The folder under models/ of a Hub model repo: its id with / as -- (Qwen/Qwen3.5-4B -> Qwen--Qwen3.5-4B)."""
+    return repo_id.replace("/", "--")
+
+
 def runtime_source_hash(basedir: str | os.PathLike) -> str:
     """Hash of the sweflow sources that go into the in-sandbox runtime wheel (`sweflow.sandbox.artifacts`)."""
     from ..sandbox.artifacts import source_hash

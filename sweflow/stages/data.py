@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +36,20 @@ log = logging.getLogger("sweflow.stages")
 
 @contextlib.contextmanager
 def hub_endpoint(
-    endpoint: str | None, *, store_root: str | os.PathLike = "resources/hub"
+    endpoint: str | None, *, store_root: str | os.PathLike = "resources/hub", models: Sequence[str] = ()
 ) -> Iterator[str | None]:
     """Yield the Hub endpoint URL to use. "local" starts the bundled endpoint over `store_root` (publishing the
-    embedded sample into it first); a URL or None is passed through."""
+    embedded sample into it first, and each of `models` that is one of the bundled tiny models); a URL or
+    None is passed through."""
     if endpoint != "local":
         yield endpoint
         return
     from ..dataset import local_hub
 
     local_hub.publish_sample(store_root)
+    for repo_id in models:
+        if repo_id in local_hub.TINY_MODEL_REPOS:
+            local_hub.publish_tiny_model(store_root, repo_id=repo_id)
     with local_hub.serve(local_hub.HubStore(store_root)) as url:
         yield url
 

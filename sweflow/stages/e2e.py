@@ -61,15 +61,25 @@ def e2e_stage(
     strict: bool = True,
     evidence_out: str | os.PathLike | None = None,
     network: Mapping[str, Any] | None = None,
+    trajectories_out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """The rule's body: find the row, run both policies, write the report; EvalError when a check failed.
 
     With `strict`, a failed check raises (after logging the full report) and nothing is written.
-    `evidence_out`: every grading's whole log and status map, gzip JSON lines (one per policy).
+    `evidence_out`: every grading's whole log and status map, gzip JSON lines (one per policy);
+    `trajectories_out`: each policy's recorded token samples and outcome, gzip JSON lines.
     """
     row = find_row(jsonl_files, instance_id)
     evidence: list[dict[str, Any]] = []
-    report = e2e_check(row, provider=provider, tokenizer=tokenizer, evidence=evidence, network=network)
+    trajectories: list[dict[str, Any]] = []
+    report = e2e_check(
+        row,
+        provider=provider,
+        tokenizer=tokenizer,
+        evidence=evidence,
+        network=network,
+        trajectories=trajectories,
+    )
     if strict and not report["ok"]:
         log.error("e2e report: %s", json.dumps(report, sort_keys=True))
         bad = [f"{k}: {v['status']} reward={v['reward']} reason={v['failure_reason']} error={v['error']}"
@@ -80,6 +90,10 @@ def e2e_stage(
         from ..grading.evaluate import write_evidence
 
         write_evidence(evidence_out, evidence)
+    if trajectories_out is not None:
+        from ..grading.evaluate import write_evidence
+
+        write_evidence(trajectories_out, trajectories)
     atomic_write_json(out, report)
     return report
 
@@ -93,6 +107,7 @@ def e2e_check_step(
     cfg: Mapping[str, Any],
     tokenizer: str | os.PathLike | None = None,
     evidence_out: str | os.PathLike | None = None,
+    trajectories_out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """``e2e_stage`` with the agent sandboxes' provider made from the ``sandbox`` config section ``cfg`` and
     the tokenizer loaded from its path (None: the tiny local one)."""
@@ -104,4 +119,5 @@ def e2e_check_step(
         tokenizer=load_tokenizer(tokenizer),
         evidence_out=evidence_out,
         network=cfg.get("network"),
+        trajectories_out=trajectories_out,
     )

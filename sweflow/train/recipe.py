@@ -47,6 +47,7 @@ class Recipe:
     run: str = "default"
     split: str = "train"
     seed: int = 1
+    shuffle: bool = True
     prompts_per_step: int = 8
     samples_per_prompt: int = 16
     global_batch: int = 128
@@ -70,6 +71,7 @@ class Recipe:
     top_k: int = 0
     max_prompt_tokens: int = 32768
     max_response_tokens: int = 16000
+    max_turn_tokens: int | None = None
     parallel: Parallel = field(default_factory=Parallel)
     max_concurrency: int = 8
     turn_timeout: float | None = None
@@ -94,6 +96,7 @@ class Recipe:
             run=t["run"],
             split=t["split"],
             seed=int(t["seed"]),
+            shuffle=bool(t.get("shuffle", True)),
             prompts_per_step=int(t["prompts_per_step"]),
             samples_per_prompt=int(t["samples_per_prompt"]),
             global_batch=int(t["global_batch"]),
@@ -123,6 +126,7 @@ class Recipe:
             top_k=int(t["sampling"]["top_k"]),
             max_prompt_tokens=int(t["max_prompt_tokens"]),
             max_response_tokens=int(t["max_response_tokens"]),
+            max_turn_tokens=t.get("max_turn_tokens"),
             parallel=Parallel(
                 nodes=int(p["nodes"]),
                 gpus_per_node=int(p["gpus_per_node"]),

@@ -189,6 +189,9 @@ class PolicyRollouts:
 
     def __enter__(self) -> PolicyRollouts:
         self.proxy.start()
+        if self.public_url and "{port}" in self.public_url:  # each proxy publishes its own port
+            port = self.proxy.url.rsplit(":", 1)[1]
+            self.config.router_url = self.public_url.replace("{port}", port)
         client = HttpProxyClient(self.proxy.url, admin_token=self.proxy.admin_token)
         self.dispatcher = Dispatcher(self.provider, client, config=self.config)
         return self

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -33,11 +34,24 @@ from .rollouts import Completion, completion_of, sample_record, step_stats
 log = logging.getLogger("sweflow.train")
 
 
+def turn_seed(base: int, request_id: str | None, prompt_len: int) -> int | None:
+    """A sampling seed from the run's seed, the session (less the random tail the dispatcher adds to its
+    id) and the turn (the prompt's length): the same run samples the same tokens."""
+    import hashlib
+
+    if request_id is None:
+        return None
+    session = request_id.rsplit(":", 1)[0]
+    digest = hashlib.sha256(f"{base}|{session}|{prompt_len}".encode()).hexdigest()
+    return int(digest[:15], 16)
+
+
 class LivePolicyEngine(TransformersEngine):
     """TransformersEngine over a model a trainer owns: not moved, not copied; generation under the
-    engine's lock with gradients off (the trainer does not step while a rollout generates)."""
+    engine's lock with gradients off (the trainer does not step while a rollout generates). With `seed`,
+    every turn's sampling is seeded by `turn_seed`."""
 
-    def __init__(self, model: Any, device: str) -> None:
+    def __init__(self, model: Any, device: str, seed: int | None = None) -> None:
         import inspect
 
         import torch
@@ -48,6 +62,23 @@ class LivePolicyEngine(TransformersEngine):
         params = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._lock = threading.Lock()
+        self._mode_lock = threading.Lock()
+        self.seed = seed
+
+    def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
+        # Eval mode while sampling: a model in training mode with gradient checkpointing on drops its KV
+        # cache (each token would then see only itself); the trainer sets train mode again when it steps.
+        if self.seed is not None and sampling.seed is None:
+            sampling = dataclasses.replace(
+                sampling, seed=turn_seed(self.seed, sampling.request_id, len(prompt_ids))
+            )
+        with self._mode_lock:
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                return super().generate(prompt_ids, sampling)
+            finally:
+                self.model.train(was_training)
 
 
 def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int = 1) -> Any:
@@ -86,7 +117,7 @@ def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int 
         use_bias_correction_kl=False,
         mask_truncated_completions=False,
         remove_unused_columns=False,
-        shuffle_dataset=True,
+        shuffle_dataset=r.shuffle,
         save_strategy="steps",
         save_steps=r.save_every * r.updates_per_step,
         save_only_model=False,
@@ -97,11 +128,13 @@ def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int 
         bf16=not on_cpu,
         dataloader_num_workers=0,
         log_completions=False,
+        gradient_checkpointing=False,
     )
 
 
 def _reward_from_rollout(prompts: Any, completions: Any, **kwargs: Any) -> list[float | None]:
-    """The fresh evaluation's reward (None for an aborted sample: TRL leaves it out of its own statistics)."""
+    """The fresh evaluation's reward (0.0 for an aborted sample, which has no loss token and advantage 0:
+    sweflow's metrics leave it out; only TRL's own logged reward mean counts it)."""
     return list(kwargs["sweflow_reward"])
 
 
@@ -134,7 +167,11 @@ def _trainer_class() -> type:
             self._step_rollout: dict[str, Any] = {}
             self._t_rollout_end = time.monotonic()
             device = str(self.accelerator.device)
-            self.policy_engine = LivePolicyEngine(self.accelerator.unwrap_model(self.model), device)
+            self.policy_engine = LivePolicyEngine(
+                self.accelerator.unwrap_model(self.model),
+                device,
+                seed=recipe.seed + self.accelerator.process_index,
+            )
             self.rollouts = rollouts_factory(self.policy_engine)
 
         # ---------------------------------------------------------------- rollouts

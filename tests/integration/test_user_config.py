@@ -94,7 +94,7 @@ def test_no_config_file_keeps_the_embedded_sample(tmp_path):
     jobs = planned(res)
     splits = {m.group(1) for _, w in jobs for m in [re.search(r"split=([\w-]+)", w)] if m}
     assert splits == {"train", "validation"}
-    assert ("e2e_check", "dataset=sample, instance_id=sweflow__calclib-1") in jobs
+    assert ("e2e_check", "dataset=sample, instance_id=sweflow__calclib-3") in jobs
 
 
 def test_config_error_is_one_line_before_any_job(tmp_path):

@@ -47,7 +47,7 @@ harness:
 def test_embedded_default_applies_only_without_a_config_file(tmp_path):
     default = load_config()
     assert list(default["dataset"]["splits"]) == ["train", "validation"]
-    assert default["e2e"]["instance"] == "sweflow__calclib-1"
+    assert default["e2e"]["instance"] == "sweflow__calclib-3"
     assert default["images"]["prefix"] == "sweflow-sample/sweb.eval.x86_64."
 
     mine = load_config(write(tmp_path, "mine.yaml", ONE_SPLIT))

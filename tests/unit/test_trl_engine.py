@@ -52,7 +52,16 @@ class ToyRollouts:
                 "prompt_length": p,
             }
             out.append(
-                RolloutResult(iid, g, f"{prefix}{iid}:{g}", "completed", None, reward=reward, samples=[sample], num_turns=1)
+                RolloutResult(
+                    iid,
+                    g,
+                    f"{prefix}{iid}:{g}",
+                    "completed",
+                    None,
+                    reward=reward,
+                    samples=[sample],
+                    num_turns=1,
+                )
             )
         return out
 
@@ -107,7 +116,9 @@ def _train(tmp_path, model_dir, recipe, abort=()):
         return made["r"]
 
     torch.manual_seed(0)
-    summary = train_trl(recipe, rows=_rows(2), model_dir=model_dir, out_dir=tmp_path, rollouts_factory=factory)
+    summary = train_trl(
+        recipe, rows=_rows(2), model_dir=model_dir, out_dir=tmp_path, rollouts_factory=factory
+    )
     metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     return summary, metrics, made["r"]
 

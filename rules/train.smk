@@ -1,0 +1,121 @@
+# Train stage: the model (Hub revision -> sha -> snapshot -> Megatron checkpoint), an optional warm start
+# on the e2e check's recorded sessions, and synchronous GRPO on the split's validated tasks: ONE rule that
+# the Slurm profile runs as one allocation of train.parallel.nodes nodes (sweflow.stages.train).
+
+
+rule resolve_model:
+    output:
+        revision="models/{model}/revision.json",
+    log:
+        "logs/models/{model}/resolve_model.log",
+    localrule: True
+    conda:
+        "../envs/data.yaml"
+    params:
+        repo_id=TRAIN_MODEL["repo_id"],
+        revision=TRAIN_MODEL["revision"],
+        endpoint=redact(MODEL_ENDPOINT or "") or None,
+        timeout=TRAIN_MODEL["timeout_sec"],
+    script:
+        "../scripts/resolve_model.py"
+
+
+rule download_model:
+    input:
+        revision="models/{model}/revision.json",
+    output:
+        hf=directory("models/{model}/hf"),
+        manifest="models/{model}/hf.manifest.json",
+    log:
+        "logs/models/{model}/download_model.log",
+    retries: 1
+    localrule: True
+    conda:
+        "../envs/data.yaml"
+    params:
+        endpoint=redact(MODEL_ENDPOINT or "") or None,
+        allow_patterns=TRAIN_MODEL["allow_patterns"],
+        attempts=TRAIN_MODEL["download_attempts"],
+        timeout=TRAIN_MODEL["timeout_sec"],
+    script:
+        "../scripts/download_model.py"
+
+
+# GPU stack only (envs/train-verl.yaml): part of the production target, not of the embedded default.
+rule megatron_checkpoint:
+    input:
+        hf="models/{model}/hf",
+        manifest="models/{model}/hf.manifest.json",
+    output:
+        dist=directory("models/{model}/torch_dist"),
+        record="models/{model}/torch_dist.json",
+    log:
+        "logs/models/{model}/megatron_checkpoint.log",
+    conda:
+        "../envs/train-verl.yaml"
+    resources:
+        gpu=TRAIN_MODEL["megatron"]["gpus"],
+    params:
+        tp=TRAIN["parallel"]["tensor"],
+        gpus=TRAIN_MODEL["megatron"]["gpus"],
+        converter=TRAIN_MODEL["megatron"]["converter"],
+    script:
+        "../scripts/megatron_checkpoint.py"
+
+
+rule warm_start:
+    input:
+        hf=f"models/{MODEL_NAME}/hf",
+        trajectories=lambda wc: f"results/{wc.dataset}/e2e/{E2E_INSTANCE}.trajectories.jsonl.gz",
+    output:
+        model=directory("results/{dataset}/warm_start/{model}/hf"),
+        summary="results/{dataset}/warm_start/{model}/summary.json",
+    log:
+        "logs/{dataset}/warm_start/{model}.log",
+    conda:
+        "../envs/train.yaml"
+    params:
+        steps=TRAIN["warm_start"]["steps"],
+        lr=TRAIN["warm_start"]["lr"],
+        seed=TRAIN["seed"],
+    script:
+        "../scripts/warm_start.py"
+
+
+# One allocation of `nodes` nodes under profiles/slurm: the verl engine's launcher starts Ray on every node
+# with srun (mpi="srun": the shell runs in the batch step itself); the TRL engine runs on the first node.
+rule train_grpo:
+    input:
+        tasks=f"results/{{dataset}}/{TRAIN['split']}/tasks.valid.jsonl",
+        model=grpo_model,
+        template_map="results/{dataset}/template-map.json",
+        megatron=grpo_megatron,
+    output:
+        summary="results/{dataset}/grpo/{run}/summary.json",
+        metrics="results/{dataset}/grpo/{run}/metrics.jsonl",
+        rollouts=directory("results/{dataset}/grpo/{run}/rollouts"),
+        final=directory("results/{dataset}/grpo/{run}/final"),
+    log:
+        "logs/{dataset}/train_grpo/{run}.log",
+    conda:
+        "../envs/train-verl.yaml" if TRAIN["engine"] == "verl" else "../envs/train.yaml"
+    threads: workflow.cores
+    resources:
+        nodes=TRAIN_NODES,
+        tasks=TRAIN_NODES,
+        tasks_per_gpu=0,
+        mpi="srun",
+        gpu=TRAIN_GPUS * TRAIN_NODES,
+        slurm_extra="--ntasks-per-node=1",
+    params:
+        provider=PROVIDER,
+        # secrets stay out of params (recorded in clear): the script reads the live sections from config
+        train=redacted(TRAIN),
+        sandbox=redacted(config["sandbox"]),
+    script:
+        "../scripts/train_grpo.py"
+
+
+rule train:
+    input:
+        summary=TRAIN_TARGETS,
