@@ -81,10 +81,15 @@ def ppo_clip_loss(logp: Any, old_logp: Any, advantages: Any, clip_low: float, cl
     return torch.maximum(loss1, loss2), (loss2 > loss1).to(logp.dtype)
 
 
-def per_sample_mean(values: Any, mask: Any) -> Any:
-    """Mean over each sample's loss tokens, then over the samples (a sample with no loss token counts 0)."""
+def per_sample_mean(values: Any, mask: Any, weight: Any = None) -> Any:
+    """Mean over each sample's loss tokens, then over the samples (a sample with no loss token counts 0).
+
+    `weight` (B,) scales each sample's term: the TRL engine gives aborted samples 0 and the others
+    samples / valid samples, so dropping a sample does not shrink the update."""
     mask = mask.to(values.dtype)
     per_sample = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    if weight is not None:
+        per_sample = per_sample * weight.to(per_sample.dtype)
     return per_sample.mean()
 
 
@@ -125,6 +130,7 @@ def grpo_loss(
     rollout_logp: Any = None,
     ref_logp: Any = None,
     entropy: Any = None,
+    sample_weight: Any = None,
 ) -> tuple[Any, dict[str, float]]:
     """The recipe's loss on (B, T) tensors; `advantages` is (B,) or (B, T); `mask` marks the loss tokens
     (model-generated, not tool output). Returns (loss, stats)."""
@@ -139,17 +145,17 @@ def grpo_loss(
         pg = pg * weights
         stats["tis_weight_mean"] = masked_mean(weights, mask)
         stats["tis_clipped_share"] = masked_mean((raw > cfg.tis_cap).to(logp.dtype), mask)
-    policy_loss = per_sample_mean(pg, mask)
+    policy_loss = per_sample_mean(pg, mask, sample_weight)
     loss = policy_loss
     stats["policy_loss"] = float(policy_loss.detach())
     if ref_logp is not None:
         kl = k3_kl(logp, ref_logp)
-        kl_loss = per_sample_mean(kl, mask)
+        kl_loss = per_sample_mean(kl, mask, sample_weight)
         stats["kl"] = float(kl_loss.detach())
         if cfg.kl_coef:
             loss = loss + cfg.kl_coef * kl_loss
     if entropy is not None:
-        ent = per_sample_mean(entropy, mask)
+        ent = per_sample_mean(entropy, mask, sample_weight)
         stats["entropy"] = float(ent.detach())
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * ent

@@ -251,6 +251,9 @@ def _trainer_class() -> type:
             out["completion_mask"] = out["completion_mask"] * valid_local.unsqueeze(1).to(
                 out["completion_mask"].dtype
             )
+            # aborted samples weigh 0, the others samples/valid: dropping a sample does not shrink the update
+            scale = len(valid) / max(1, sum(valid))
+            out["sweflow_sample_weight"] = valid_local.to(torch.float32) * scale
             if self.recipe.batch_whiten:
                 mask = out["completion_mask"] * out.get("tool_mask", torch.ones_like(out["completion_mask"]))
                 local = whiten(local.unsqueeze(1).expand(mask.shape).clone(), mask)
@@ -280,6 +283,7 @@ def _trainer_class() -> type:
                 rollout_logp=inputs.get("sampling_per_token_logps"),
                 ref_logp=inputs.get("ref_per_token_logps"),
                 entropy=entropy,
+                sample_weight=inputs.get("sweflow_sample_weight"),
             )
             self._loss_stats.append(stats)
             if self.model.training:
@@ -383,7 +387,14 @@ def train_trl(
     )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     args = grpo_args(recipe, ckpt_dir)
+    from transformers import AutoConfig
+
+    from .attention import attention_for
+
     args.model_init_kwargs = {"dtype": torch.float32 if args.use_cpu else torch.bfloat16}
+    attn = attention_for(AutoConfig.from_pretrained(str(model_dir)))
+    if attn:  # an all-sliding-window model: attention over each query block's window only
+        args.model_init_kwargs["attn_implementation"] = attn
     trainer = _trainer_class()(
         model=str(model_dir),
         args=args,

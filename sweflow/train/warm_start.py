@@ -88,8 +88,15 @@ def warm_start(
         from ..errors import SweflowError
 
         raise SweflowError("no recorded samples to warm-start on", field="train.warm_start")
+    from transformers import AutoConfig
+
+    from .attention import attention_for
+
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    attn = attention_for(AutoConfig.from_pretrained(str(model_dir)))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, **({"attn_implementation": attn} if attn else {})
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model.train()
     receptive = receptive_field(model.config)

@@ -148,3 +148,44 @@ def test_aborted_samples_are_dropped_not_scored_zero(tmp_path, tiny_model_dir):
     rec = [json.loads(x) for x in (tmp_path / "rollouts" / "step-1.jsonl").read_text().splitlines()]
     assert sum(r["aborted"] for r in rec) == 4
     assert all(r["reward"] is None and not r["trained"] for r in rec if r["aborted"])
+
+
+def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_model_dir):
+    first, metrics, _ = _train(tmp_path, tiny_model_dir, _recipe(total_steps=2, save_every=1))
+    assert first["resumed_from_step"] is None and [m["step"] for m in metrics] == [1, 2]
+    # the same run asked for more steps (the checkpoints of steps 1 and 2 are in place)
+    again, metrics, toy = _train(tmp_path, tiny_model_dir, _recipe(total_steps=3, save_every=1))
+    assert again["resumed_from_step"] == 2 and again["steps"] == 3
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert len(toy.calls) == 8  # only step 3 sampled
+
+
+def test_aborted_samples_do_not_shrink_the_update(tmp_path, tiny_model_dir):
+    import torch
+
+    from sweflow.train.trl_engine import _trainer_class, grpo_args
+
+    recipe = _recipe(total_steps=1, save_every=1)
+    trainer = _trainer_class()(
+        model=str(tiny_model_dir),
+        args=grpo_args(recipe, tmp_path),
+        train_dataset=__import__("datasets").Dataset.from_list(
+            [{"prompt": r["prompt"], "sweflow_row": json.dumps(r)} for r in _rows(2)]
+        ),
+        recipe=recipe,
+        rollouts_factory=lambda engine: ToyRollouts(engine, [1, 2, 3], range(10)),
+        out_dir=tmp_path,
+    )
+    trainer._valid = [True, False, True, True, True, True, False, True]
+    trainer._rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    out = trainer._sweflow_advantages({"completion_mask": torch.ones(8, 3, dtype=torch.long)})
+    w = out["sweflow_sample_weight"]
+    assert w.tolist() == pytest.approx([8 / 6, 0, 8 / 6, 8 / 6, 8 / 6, 8 / 6, 0, 8 / 6])
+    assert out["completion_mask"][1].sum() == 0 and out["completion_mask"][6].sum() == 0
+    # a per-sample mean weighted so is the mean over the valid samples
+    from sweflow.train.algos import per_sample_mean
+
+    values = torch.arange(24, dtype=torch.float32).view(8, 3)
+    got = per_sample_mean(values, out["completion_mask"], w)
+    valid_rows = values[[0, 2, 3, 4, 5, 7]].mean(-1)
+    assert float(got) == pytest.approx(float(valid_rows.mean()))
