@@ -42,7 +42,9 @@ class ToyRollouts:
             if g in self.abort:
                 out.append(RolloutResult(iid, g, f"{prefix}{iid}:{g}", "aborted", "sandbox_died"))
                 continue
-            res = self.engine.generate(self.prompt_ids, SamplingParams(max_tokens=K, temperature=1.0))
+            # the session id the proxy would pass: the live engine seeds each draw from it (reproducible)
+            sp = SamplingParams(max_tokens=K, temperature=1.0, request_id=f"{prefix}{iid}:{g}:0")
+            res = self.engine.generate(self.prompt_ids, sp)
             reward = sum(t in self.target for t in res.output_ids) / K
             p = len(self.prompt_ids)
             sample = {
@@ -123,20 +125,24 @@ def _train(tmp_path, model_dir, recipe, abort=()):
     return summary, metrics, made["r"]
 
 
-def test_trl_engine_learns_the_toy_reward(tmp_path, tiny_model_dir):
-    summary, metrics, toy = _train(tmp_path, tiny_model_dir, _recipe())
-    assert summary["steps"] == 16 and len(metrics) == 16
+@pytest.mark.parametrize("seed", [1, 2])
+def test_trl_engine_learns_the_toy_reward(tmp_path, tiny_model_dir, seed):
+    summary, metrics, toy = _train(
+        tmp_path, tiny_model_dir, _recipe(seed=seed, total_steps=20, save_every=10)
+    )
+    assert summary["steps"] == 20 and len(metrics) == 20
     rewards = [m["reward_mean"] for m in metrics]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.2, rewards
     # every step sampled prompts x n from the live policy, in whole groups
-    assert len(toy.calls) == 16 * 8
+    assert len(toy.calls) == 20 * 8
     for m in metrics:
         assert m["samples"] == m["completed"] + m["aborted"] == 8
         assert m["groups"] == m["groups_with_gradient"] + m["groups_without_gradient"] == 2
         assert m["kl"] is not None and m["tis_weight_mean"] is not None and m["grad_norm"] is not None
     assert (tmp_path / "final" / "config.json").exists()
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir())[:2] == ["step-1.jsonl", "step-10.jsonl"]
+    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*"))) == 2  # save_every 10
 
 
 def test_aborted_samples_are_dropped_not_scored_zero(tmp_path, tiny_model_dir):
