@@ -388,7 +388,24 @@ def _run_verl(recipe, tasks, rows, model_dir, work, train, sandbox, provider, me
         work / "logs" / "verl_metrics", work / "metrics.jsonl", rollout_dir=work / "rollout-log"
     )
     _verl_rollout_files(work)
-    return {"engine": "verl", "steps": steps}
+    last = ve.latest_checkpoint_step(work / "checkpoints")
+    if last is None:
+        raise TrainError("verl saved no checkpoint", file=str(work / "checkpoints"), field="train.save_every")
+    # the final Hugging Face checkpoint: verl's own merger over the actor's last Megatron checkpoint
+    from transformers import AutoConfig
+
+    tie = bool(getattr(AutoConfig.from_pretrained(str(model_dir)), "tie_word_embeddings", False))
+    tmp = work / "final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    merge = ve.merge_command(work / "checkpoints", last, tmp, python=sys.executable, tie_word_embeddings=tie)
+    proc = subprocess.run(merge, check=False)
+    if proc.returncode != 0:
+        raise TrainError(
+            f"verl's model merger exited with status {proc.returncode}", file=str(work / "checkpoints")
+        )
+    shutil.rmtree(work / "final", ignore_errors=True)
+    os.replace(tmp, work / "final")
+    return {"engine": "verl", "steps": steps, "final_from_step": last}
 
 
 def _verl_rollout_files(work: Path) -> None:

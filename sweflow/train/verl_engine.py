@@ -465,3 +465,26 @@ def convert_verl_log(
                 row[key] = value
     atomic_write(path_out, "".join(jsonl_line(steps[s]) for s in sorted(steps)))
     return len(steps)
+
+
+def latest_checkpoint_step(checkpoints: str | Path) -> int | None:
+    """The step verl's checkpoint manager last saved (`latest_checkpointed_iteration.txt`), None if none."""
+    marker = Path(checkpoints) / "latest_checkpointed_iteration.txt"
+    try:
+        return int(marker.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def merge_command(
+    checkpoints: str | Path, step: int, target: str | Path, *, python: str, tie_word_embeddings: bool = False
+) -> list[str]:
+    """verl's model merger: the actor's Megatron checkpoint of `step` -> a Hugging Face folder at `target`."""
+    cmd = [python, "-m", "verl.model_merger", "merge", "--backend", "megatron"]
+    cmd += [
+        "--local_dir",
+        str(Path(checkpoints) / f"global_step_{step}" / "actor"),
+        "--target_dir",
+        str(target),
+    ]
+    return cmd + (["--tie-word-embedding"] if tie_word_embeddings else [])

@@ -67,3 +67,110 @@ def test_what_the_engine_cannot_do_is_a_one_line_config_error_naming_file_and_ke
     assert (
         f"{bad}:5" in lines[0] and "train.parallel.context" in lines[0] and "context parallelism" in lines[0]
     )
+
+
+def test_the_verl_run_writes_its_inputs_launches_once_and_publishes_metrics_and_the_merged_model(
+    tmp_path, monkeypatch
+):
+    """The production path up to the GPUs: parquet rows the agent loop reads, a secret-free rollout spec,
+    overrides that compose, one launcher call, verl's metrics converted, verl's merger on the last step."""
+    import json
+    import sys
+
+    import pandas as pd
+
+    pytest.importorskip("verl")
+    from sweflow.config import check
+    from sweflow.proxy.tiny import build_tiny_tokenizer
+    from sweflow.train.verl_agent_loop import load_rollout_spec
+
+    cfg = check(
+        {
+            "sandbox": {"provider": "docker"},
+            "train": {
+                "enabled": True,
+                "engine": "verl",
+                "prompts_per_step": 1,
+                "samples_per_prompt": 2,
+                "global_batch": 2,
+                "total_steps": 1,
+                "save_every": 1,
+                "parallel": {"gpus_per_node": 2, "tensor": 2},
+            },
+        },
+        {},
+    )
+    model = tmp_path / "model"
+    build_tiny_tokenizer(model)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "tie_word_embeddings": True}))
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "fix it"}],
+            "metadata": {"instance_id": "t-1", "base_commit": "a" * 40},
+        }
+    ]
+    tasks = tmp_path / "tasks.valid.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "map.json").write_text("{}")
+    monkeypatch.setenv("E2B_API_KEY", "e2b_secret_value")
+    calls = []
+
+    def fake_run(cmd, check=False, **kw):
+        calls.append(cmd)
+        work = tmp_path / "results" / "grpo" / "work"
+        if cmd[0] == "bash":  # "verl": one step of metrics, the agent loop's rollout log, a checkpoint
+            (work / "logs" / "verl_metrics").mkdir(parents=True)
+            data = {"training/global_step": 1, "critic/score/mean": 0.5, "actor/pg_loss": 0.1}
+            (work / "logs" / "verl_metrics" / "a.jsonl").write_text(
+                json.dumps({"step": 1, "data": data}) + "\n"
+            )
+            (work / "rollout-log").mkdir()
+            recs = [
+                {"step": 1, "instance_id": "t-1", "group": "0", "reward": r, "aborted": False}
+                for r in (0.0, 1.0)
+            ]
+            (work / "rollout-log" / "h-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+            (work / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (work / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+        else:  # verl's model merger
+            target = cmd[cmd.index("--target_dir") + 1]
+            (tmp_path / "merged").mkdir()
+            (tmp_path / "merged" / "model.safetensors").write_bytes(b"weights")
+            __import__("os").replace(tmp_path / "merged", target)
+        return __import__("subprocess").CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(stage.subprocess, "run", fake_run)
+    out = tmp_path / "results" / "grpo"
+    outputs = {k: str(out / n) for k, n in (("summary", "summary.json"), ("metrics", "metrics.jsonl"), ("rollouts", "rollouts"), ("final", "final"))}  # fmt: skip
+    summary = stage.train_grpo_step(tasks, model, tmp_path / "map.json", outputs, train=cfg["train"], sandbox=cfg["sandbox"], provider="docker")  # fmt: skip
+
+    assert [c[0] for c in calls] == ["bash", sys.executable]
+    merge = calls[1]
+    assert merge[1:5] == ["-m", "verl.model_merger", "merge", "--backend"] and "--tie-word-embedding" in merge
+    assert merge[merge.index("--local_dir") + 1].endswith("checkpoints/global_step_1/actor")
+    from verl.model_merger.base_model_merger import parse_args  # verl's own parser accepts the command
+
+    monkeypatch.setattr(sys, "argv", ["merger", *merge[3:]])
+    assert parse_args().backend == "megatron"
+    work = out / "work"
+    frame = pd.read_parquet(work / "train.parquet")
+    assert (
+        json.loads(frame.loc[0, "sweflow_row"]) == rows[0]
+        and frame.loc[0, "agent_name"] == "sweflow_claude_code"
+    )
+    spec_text = (work / "rollout-spec.json").read_text()
+    assert (
+        "e2b_secret_value" not in spec_text
+        and load_rollout_spec(work / "rollout-spec.json")["provider"] == "docker"
+    )
+    launch = (work / "launch.sh").read_text()
+    assert (
+        "verl.trainer.main_ppo" in launch
+        and "SWEFLOW_ROLLOUT_SPEC" in launch
+        and "e2b_secret_value" not in launch
+    )
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["step"] == 1 and metrics[0]["reward_mean"] == 0.5 and metrics[0]["policy_loss"] == 0.1
+    assert metrics[0]["reward_std"] == pytest.approx(2**-0.5)  # from the agent loop's rollout log
+    assert (out / "rollouts" / "step-1.jsonl").exists() and (out / "final" / "model.safetensors").exists()
+    assert summary["engine"] == "verl" and summary["final_from_step"] == 1
