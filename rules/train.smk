@@ -105,8 +105,9 @@ rule train_grpo:
         tasks=TRAIN_NODES,
         tasks_per_gpu=0,
         mpi="srun",
-        gpu=TRAIN_GPUS * TRAIN_NODES,
-        slurm_extra="--ntasks-per-node=1",
+        # GPUs per node (gres is per node; the plugin's gpu= would be a per-job total)
+        gres=f"gpu:{TRAIN_GPUS}" if TRAIN_GPUS else "",
+        slurm_extra="--ntasks-per-node=1 --exclusive",
     params:
         provider=PROVIDER,
         # secrets stay out of params (recorded in clear): the script reads the live sections from config
