@@ -4,7 +4,12 @@
 # /dev/null), a cpu and a gpu partition, no accounting database.
 # usage: .ci/slurm.sh up|down ; env SLURM_NNODES (default 2), SLURM_BASE (default /tmp/slurmci/run)
 # Profiles that use it need `slurm-status-command: squeue` (the plugin's default, sacct, has no accounting
-# here and a run would hang) and MinJobAge (300 here) >= 3 x slurm-init-seconds-before-status-checks.
+# here and a run would hang, ignoring SIGTERM: wrap CI runs in `timeout -k`) and MinJobAge (300 here) >=
+# 3 x slurm-init-seconds-before-status-checks (else the plugin silently goes back to sacct). Measured with
+# plugin 2.8: --slurm-no-account is a no-op (without slurm_account it submits without -A, which works);
+# status polls back off by 10 s per idle check (up to 180 s), so a finished job can take ~100 s to be
+# noticed; cancelled / timed-out jobs are reported with their job id and log and resubmitted by `retries:`.
+# Do not set OverSubscribe on the cpu partition (jobs sat pending ~85 s): CPUs=4 + config_overrides instead.
 set -euo pipefail
 BASE=${SLURM_BASE:-/tmp/slurmci/run}
 N=${SLURM_NNODES:-2}
