@@ -172,7 +172,11 @@ class TransformersEngine:
         self._torch = torch
         if isinstance(model, str | bytes) or hasattr(model, "__fspath__"):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype or torch.float32)
-        self.model = model.to(device).eval()
+        self._bind(model.to(device).eval(), device)
+
+    def _bind(self, model: Any, device: str) -> None:
+        """Generate with `model` (already on `device`) from now on."""
+        self.model = model
         self.device = device
         # transformers 5.x renamed the forward argument past_key_values -> cache; accept both.
         params = inspect.signature(self.model.forward).parameters

@@ -66,9 +66,14 @@ def register() -> str:
     return NAME
 
 
+def all_sliding(config: Any) -> bool:
+    """Whether every layer of the model uses sliding-window attention."""
+    types = getattr(config, "layer_types", None) or []
+    return bool(
+        getattr(config, "sliding_window", None) and types and all(t == "sliding_attention" for t in types)
+    )
+
+
 def attention_for(config: Any) -> str | None:
     """The blockwise implementation (registered) for an all-sliding-window model, else None (keep the default)."""
-    types = getattr(config, "layer_types", None) or []
-    if getattr(config, "sliding_window", None) and types and all(t == "sliding_attention" for t in types):
-        return register()
-    return None
+    return register() if all_sliding(config) else None

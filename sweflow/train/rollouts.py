@@ -94,7 +94,8 @@ def sample_record(
     return rec
 
 
-def _std(values: Sequence[float]) -> float:
+def sample_std(values: Sequence[float]) -> float:
+    """Unbiased standard deviation (0 for fewer than two values)."""
     if len(values) < 2:
         return 0.0
     mean = sum(values) / len(values)
@@ -123,7 +124,7 @@ def step_stats(records: Sequence[dict]) -> dict[str, Any]:
             sorted(Counter(r["failure_reason"] for r in done if r["failure_reason"]).items())
         ),
         "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-        "reward_std": _std(rewards) if rewards else None,
+        "reward_std": sample_std(rewards) if rewards else None,
         "resolved_share": sum(1 for r in done if r["resolved"]) / len(done) if done else None,
         "groups": len(groups),
         "groups_with_gradient": len(varied),

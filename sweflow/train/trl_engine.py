@@ -52,16 +52,10 @@ class LivePolicyEngine(TransformersEngine):
     every turn's sampling is seeded by `turn_seed`."""
 
     def __init__(self, model: Any, device: str, seed: int | None = None) -> None:
-        import inspect
-
         import torch
 
         self._torch = torch
-        self.model = model
-        self.device = device
-        params = inspect.signature(self.model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
-        self._lock = threading.Lock()
+        self._bind(model, device)
         self._mode_lock = threading.Lock()
         self.seed = seed
 

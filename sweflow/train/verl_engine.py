@@ -420,10 +420,9 @@ def rollout_log_stats(rollout_dir: str | Path) -> dict[int, dict[str, Any]]:
             if r.get("aborted"):
                 reason = str(r.get("failure_reason") or "unknown")
                 aborted[reason] = aborted.get(reason, 0) + 1
-        std = None
-        if len(rewards) > 1:
-            mean = sum(rewards) / len(rewards)
-            std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / (len(rewards) - 1))
+        from .rollouts import sample_std
+
+        std = sample_std(rewards) if len(rewards) > 1 else None
         out[step] = {
             "reward_std": std,
             "resolved_share": (sum(1 for r in done if r.get("resolved")) / len(done)) if done else None,

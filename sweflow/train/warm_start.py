@@ -26,11 +26,9 @@ log = logging.getLogger("sweflow.train")
 
 def receptive_field(config: Any) -> int | None:
     """Tokens a prediction can see (layers x window) when every layer is sliding-window; None otherwise."""
-    types = getattr(config, "layer_types", None) or []
-    window = getattr(config, "sliding_window", None)
-    if window and types and all(t == "sliding_attention" for t in types):
-        return int(config.num_hidden_layers) * int(window)
-    return None
+    from .attention import all_sliding
+
+    return int(config.num_hidden_layers) * int(config.sliding_window) if all_sliding(config) else None
 
 
 def training_windows(
