@@ -22,6 +22,7 @@ import sweflow
 from sweflow.errors import ProvenanceError
 from sweflow.provenance.environment import git_state, software_versions, sweflow_tree_sha256
 from sweflow.provenance.redaction import jsonable, redact_value
+from sweflow.slurm import current_job
 from sweflow.util import atomic_write_json, read_json, secret_values, sha256_file, tree_files
 
 SCHEMA = "sweflow.provenance/1"
@@ -247,6 +248,8 @@ def write_records(
         "ended": _iso(ended),
         "duration_s": round(max(0.0, ended - started), 3),
         "host": socket.gethostname(),
+        # the Slurm job that made it (job id, node list, partition); None when it ran outside Slurm
+        "slurm": current_job(),
         "extra": jsonable(extra or {}),
     }
     # Keys are redacted only where they name values (params, extra); elsewhere values only.

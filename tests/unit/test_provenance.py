@@ -93,6 +93,7 @@ def test_record_lives_in_parallel_tree_and_describes_artifact(lineage_tree: Line
     assert "pyarrow" in rec["software"] and "snakemake" in rec["software"]
     assert rec["started"].startswith("2023-11-14T22:13:22") and rec["duration_s"] == 1.0
     assert rec["host"]
+    assert rec["slurm"] is None  # made outside Slurm (tests/integration/test_slurm.py: the job's fields)
 
 
 def test_every_record_names_the_dataset_sha(lineage_tree: Lineage) -> None:
