@@ -66,3 +66,7 @@ class EvalError(SweflowError):
 
 class ProvenanceError(SweflowError):
     """A provenance record is missing or does not match its artifact."""
+
+
+class TrainError(SweflowError):
+    """A model preparation or training run failed."""

@@ -20,11 +20,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import SweflowError
+from ..errors import TrainError
 from ..rulekit import from_snakemake
 from ..util import atomic_write, atomic_write_json, read_json, sha256_file, stable_json, write_if_changed
 
 __all__ = [
+    "TrainError",
     "download_model_step",
     "from_snakemake",
     "megatron_checkpoint_step",
@@ -35,10 +36,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sweflow.train")
-
-
-class TrainError(SweflowError):
-    """The training run failed."""
 
 
 def model_endpoint(cfg: Mapping[str, Any]) -> str | None:
@@ -281,6 +278,42 @@ def _proxy_settings(train: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run_trl(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
+    """TRL in this process (world size 1), or in `world size` processes (sweflow.train.launch)."""
+    from ..train import launch
+
+    plan = launch.plan(recipe, python=sys.executable, job_id=os.environ.get("SLURM_JOB_ID") or None)
+    if plan.argv is None:
+        return trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider)
+    log.info("TRL data parallel: %s", plan.describe())
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    result_file = work / "result.json"
+    result_file.unlink(missing_ok=True)
+    spec = {
+        "rows": rows,
+        "model_dir": str(model_dir),
+        "work": str(work),
+        "train": dict(train),
+        "sandbox": dict(sandbox),
+        "provider": provider,
+        "logs": str(logs),
+        "result": str(result_file),
+    }
+    # the spec (live config sections: they may hold secrets) travels in the environment, never on disk
+    env = {**os.environ, launch.SPEC_ENV: json.dumps(spec)}
+    proc = subprocess.run(plan.argv, env=env, check=False)
+    if proc.returncode != 0 or not result_file.exists():
+        raise TrainError(
+            f"the {plan.world_size} TRL processes exited with status {proc.returncode}",
+            file=str(logs),
+            hint=f"each rank's log is {logs}/rank-<n>.log; {plan.describe()}",
+        )
+    return {**read_json(result_file), "processes": plan.world_size,
+            "nodes": [n.name for n in plan.nodes] or None}  # fmt: skip
+
+
+def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
+    """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step."""
     from ..sandbox.registry import provider_from_config
     from ..train.rollouts import PolicyRollouts
     from ..train.trl_engine import train_trl
@@ -302,7 +335,8 @@ def _run_trl(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[st
             top_p=recipe.top_p,
             top_k=recipe.top_k,
             host=proxy["host"],
-            port=proxy["port"],
+            # a fixed port is the first rank's; every other process of a run takes the next ones
+            port=proxy["port"] + int(os.environ.get("RANK", 0)) if proxy["port"] else 0,
             public_url=proxy["public_url"],
             max_concurrency=recipe.max_concurrency,
             turn_timeout=recipe.turn_timeout,

@@ -334,6 +334,20 @@ def _trainer_class() -> type:
     return SweflowGRPOTrainer
 
 
+def state_sha256(model: Any) -> str:
+    """sha256 over a model's state dict (names, dtypes, shapes, bytes) in name order."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def trim_metrics(path: Path, last_step: int) -> None:
     """Keep the metrics lines of steps up to `last_step` (a resumed run rewrites the rest)."""
     if not path.exists():
@@ -380,7 +394,8 @@ def train_trl(
         [{"prompt": r["prompt"], "sweflow_row": json.dumps(r, sort_keys=True)} for r in rows]
     )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    args = grpo_args(recipe, ckpt_dir)
+    # torchrun sets WORLD_SIZE for a data-parallel run (sweflow.train.launch); one process otherwise
+    args = grpo_args(recipe, ckpt_dir, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     from transformers import AutoConfig
 
     from .attention import attention_for
@@ -402,11 +417,14 @@ def train_trl(
     with trainer.rollouts:
         result = trainer.train(resume_from_checkpoint=last)
     final = out / "final"
-    trainer.save_model(str(final))
-    tokenizer.save_pretrained(str(final))
+    trainer.save_model(str(final))  # the main process writes (the others return)
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(str(final))
     return {
         "engine": "trl",
         "steps": int(trainer.state.global_step),
+        # this process's weights at the end: every data-parallel rank must hold the same
+        "weights_sha256": state_sha256(trainer.accelerator.unwrap_model(trainer.model)),
         "resumed_from_step": resumed_from,
         "train_seconds": round(time.monotonic() - t0, 3),
         "train_loss": float(result.training_loss) if result.training_loss is not None else None,

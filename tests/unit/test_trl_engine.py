@@ -195,3 +195,39 @@ def test_aborted_samples_do_not_shrink_the_update(tmp_path, tiny_model_dir):
     got = per_sample_mean(values, out["completion_mask"], w)
     valid_rows = values[[0, 2, 3, 4, 5, 7]].mean(-1)
     assert float(got) == pytest.approx(float(valid_rows.mean()))
+
+
+def test_data_parallel_ranks_share_each_step_and_end_with_the_same_weights(tmp_path):
+    """Two torchrun processes (gloo on CPU): each rolls out its own group of every step, the gradients are
+    averaged, and both ranks hold the same, changed weights at the end."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sweflow.proxy.tiny import build_tiny_model
+    from sweflow.util import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    model = build_tiny_model(tmp_path / "model")
+    out = tmp_path / "run"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+           str(root / "tests" / "fixtures" / "toy_dp.py"), str(out), str(model)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["start"] == ranks[1]["start"]
+    assert ranks[0]["end"] == ranks[1]["end"] != ranks[0]["start"]
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["samples"] == 8 and m["groups"] == 2 for m in metrics)
+    for step in range(3):  # per step, each rank ran one whole group of 4: together both tasks
+        mine = [ranks[r]["calls"][4 * step : 4 * step + 4] for r in (0, 1)]
+        assert all(len({iid for iid, _ in m}) == 1 and sorted(g for _, g in m) == [0, 1, 2, 3] for m in mine)
+        assert {mine[0][0][0], mine[1][0][0]} == {"toy-0", "toy-1"}
+    recs = (out / "rollouts" / "step-1.jsonl").read_text().splitlines()
+    assert len(recs) == 8  # rank 0 gathered both ranks' records

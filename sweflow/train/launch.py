@@ -1,0 +1,108 @@
+"""Where the TRL trainer's processes run: in this process, under torchrun here, or under torchrun on every
+node of the Slurm allocation (one static rendezvous on the first node).
+
+A recipe's world size is `parallel.nodes x max(parallel.gpus_per_node, 1)` (one process per GPU, one per
+node on CPU, where torch.distributed uses gloo). `plan(...)` turns it into the command that starts them:
+
+- world size 1: no command (the rule's own process trains);
+- inside a Slurm job (`$SLURM_JOB_ID`, the only Slurm variable Snakemake's plugin leaves): one `srun` task
+  per node of the allocation (`--overlap`: the batch step already holds the allocation), each a torchrun
+  agent with `--node-rank=$SLURM_NODEID` (srun sets it for its tasks), the rendezvous at the first node's
+  address (the batch step runs there, so a free port is picked there);
+- outside Slurm with world size > 1: `torchrun --standalone` with every process on this machine (a
+  multi-GPU box, or a CPU rehearsal of a multi-node recipe).
+
+The processes run `python -m sweflow.stages.train_worker`; what they train comes in `$SWEFLOW_TRAIN_SPEC`
+(JSON), which the worker removes from its environment before it starts anything (no sandbox, proxy or
+child inherits it).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import TrainError
+from ..slurm import Node, allocation_nodes
+from ..util import free_port, log
+from .recipe import Recipe
+
+WORKER_MODULE = "sweflow.stages.train_worker"
+SPEC_ENV = "SWEFLOW_TRAIN_SPEC"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start the trainer: `argv` None means in this process."""
+
+    argv: list[str] | None
+    world_size: int
+    nodes: list[Node] = field(default_factory=list)
+    rendezvous: str | None = None
+
+    def describe(self) -> str:
+        if self.argv is None:
+            return "1 process, in the rule's own process"
+        where = ", ".join(f"{n.name} ({n.addr})" for n in self.nodes) or "this machine"
+        return f"{self.world_size} process(es) on {where}; rendezvous {self.rendezvous}"
+
+
+def processes_per_node(recipe: Recipe) -> int:
+    return max(recipe.parallel.gpus_per_node, 1)
+
+
+def plan(
+    recipe: Recipe,
+    *,
+    python: str,
+    job_id: str | None = None,
+    nodes: Sequence[Node] | None = None,
+    port: int | None = None,
+) -> Launch:
+    """The launch of `recipe`'s processes (see the module docstring). `nodes`: the allocation's nodes when
+    already known (else asked of Slurm by `job_id`); `port`: the rendezvous port (else a free one here)."""
+    p = recipe.parallel
+    world = p.world_size
+    if world == 1:
+        return Launch(None, 1)
+    nproc = processes_per_node(recipe)
+    if job_id:
+        found = list(nodes) if nodes is not None else allocation_nodes(job_id)
+        if len(found) != p.nodes:
+            raise TrainError(
+                f"the Slurm allocation {job_id} has {len(found)} node(s) "
+                f"({', '.join(n.name for n in found) or 'none'}) and the recipe needs {p.nodes}",
+                field="train.parallel.nodes",
+                hint="the train_grpo rule's resources take the node count from train.parallel.nodes",
+            )
+        head = found[0].addr
+        rdzv = f"{head}:{port or free_port()}"
+        torchrun = [
+            python, "-m", "torch.distributed.run",
+            f"--nnodes={p.nodes}", f"--nproc-per-node={nproc}",
+            f"--master-addr={head}", f"--master-port={rdzv.rsplit(':', 1)[1]}",
+            "--max-restarts=0", "-m", WORKER_MODULE,
+        ]  # fmt: skip
+        # the node rank is srun's per-task SLURM_NODEID, so it is expanded by the task's own shell
+        inner = " ".join(shlex.quote(a) for a in torchrun[:3]) + ' --node-rank="$SLURM_NODEID" '
+        inner += " ".join(shlex.quote(a) for a in torchrun[3:])
+        argv = [
+            "srun", f"--jobid={job_id}", f"--nodes={p.nodes}", f"--ntasks={p.nodes}",
+            "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1",
+            f"--nodelist={','.join(n.name for n in found)}",
+            "bash", "-c", "exec " + inner,
+        ]  # fmt: skip
+        return Launch(argv, world, found, rdzv)
+    if p.nodes > 1:
+        log.warning(
+            "train.parallel.nodes is %d but this is not a Slurm job: all %d processes run on this machine",
+            p.nodes,
+            world,
+        )
+    port = port or free_port()
+    argv = [
+        python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={world}",
+        "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0", "-m", WORKER_MODULE,
+    ]  # fmt: skip
+    return Launch(argv, world, [], f"127.0.0.1:{port}")
