@@ -244,7 +244,9 @@ def launch_script(
 
     With $SLURM_JOB_ID: the node list from squeue + scontrol (Snakemake's slurm plugin strips the other
     SLURM_* variables), a Ray head on the first node and a worker on each other one (`srun --overlap`),
-    a wait until every node joined (fails after `join_timeout_s`), then main_ppo on the head. Without it
+    the preflight on the head (sweflow.train.verl_preflight: every node joined within `join_timeout_s`, each
+    offers its GPUs and runs a task, the composed trainer config matches; SWEFLOW_VERL_PREFLIGHT_ONLY=1 stops
+    there), then main_ppo on the head. Without it
     (one machine) a local head only. Every node gets its own Ray ports, so nodes sharing a host work.
     `env`: non-secret variables exported before Ray starts (Ray workers inherit them: the rollout spec and
     log paths); secrets must already be in the environment. verl's file logger writes
@@ -282,6 +284,13 @@ cleanup() {{
 }}
 NODES=()
 trap cleanup EXIT
+head_alive() {{
+  if ! kill -0 "$HEAD_PID" 2>/dev/null; then
+    echo "sweflow: the ray head exited at start; its log ($LOG_DIR/ray-head.log) ends:" >&2
+    tail -n 5 "$LOG_DIR/ray-head.log" >&2
+    exit 3
+  fi
+}}
 
 if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
   mapfile -t NODES < <(scontrol show hostnames "$(squeue -h -j "$SLURM_JOB_ID" -o %N)")
@@ -294,7 +303,9 @@ if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
   echo "sweflow: ray head $HEAD ($HEAD_IP:$PORT), nodes: ${{NODES[*]}}"
   srun -N1 -n1 --overlap -w "$HEAD" $RAY start --head --node-ip-address="$HEAD_IP" --port=$PORT \\
     --num-gpus={gpus} {head_ports} --disable-usage-stats --block >"$LOG_DIR/ray-head.log" 2>&1 &
+  HEAD_PID=$!
   sleep 5
+  head_alive
   for ((i = 1; i < NNODES; i++)); do
     srun -N1 -n1 --overlap -w "${{NODES[$i]}}" $RAY start --address="$HEAD_IP:$PORT" \\
       --num-gpus={gpus} {worker_ports} --disable-usage-stats --block \\
@@ -305,32 +316,23 @@ if [[ -n "${{SLURM_JOB_ID:-}}" ]]; then
 else
   $RAY start --head --port=$PORT --num-gpus={gpus} {head_ports} --disable-usage-stats --block \\
     >"$LOG_DIR/ray-head.log" 2>&1 &
+  HEAD_PID=$!
+  sleep 5
+  head_alive
   export RAY_ADDRESS="127.0.0.1:$PORT"
   RUN=()
 fi
 
-# Wait until every node has joined the cluster.
+# Wait until every node has joined, then check the cluster and the composed trainer config
+# (sweflow.train.verl_preflight; its report is $LOG_DIR/preflight.json).
 WANT=$(( ${{#NODES[@]}} > 0 ? ${{#NODES[@]}} : 1 ))
-"$PY" - "$WANT" {int(join_timeout_s)} <<'PYEOF'
-import os, sys, time
-import ray
-want, timeout = int(sys.argv[1]), float(sys.argv[2])
-deadline = time.monotonic() + timeout
-alive = 0
-while time.monotonic() < deadline:
-    try:
-        ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
-        alive = sum(1 for n in ray.nodes() if n.get("Alive"))
-        ray.shutdown()
-    except Exception as exc:  # the head may not be up yet
-        print(f"sweflow: waiting for ray: {{exc}}", file=sys.stderr)
-    if alive >= want:
-        print(f"sweflow: {{alive}} ray node(s) up")
-        sys.exit(0)
-    time.sleep(5)
-print(f"sweflow: only {{alive}} of {{want}} ray node(s) joined within {{timeout:.0f}} s", file=sys.stderr)
-sys.exit(3)
-PYEOF
+${{RUN[@]+"${{RUN[@]}}"}} "$PY" -m sweflow.train.verl_preflight --nodes "$WANT" --gpus-per-node {gpus} \
+  --timeout {int(join_timeout_s)} --report "$LOG_DIR/preflight.json" -- \
+  {args}
+if [[ "${{SWEFLOW_VERL_PREFLIGHT_ONLY:-0}}" == 1 ]]; then
+  echo "sweflow: SWEFLOW_VERL_PREFLIGHT_ONLY=1: stopping before verl's trainer"
+  exit 0
+fi
 
 ${{RUN[@]+"${{RUN[@]}}"}} "$PY" -m verl.trainer.main_ppo --config-name {CONFIG_NAME} \\
   {args}

@@ -176,7 +176,33 @@ def test_launch_script_for_four_nodes_starts_ray_on_each_and_parses(tmp_path):
         and "-m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in script
     )
     assert "--node-manager-port=$((6380 + i * 20 + 0))" in script  # per-node ports: nodes may share a host
+    # the preflight on the head checks the cluster and the composed config before the trainer starts
+    pre = script.index("-m sweflow.train.verl_preflight --nodes")
+    assert pre < script.index("-m verl.trainer.main_ppo") and "--gpus-per-node 8" in script[pre:]
+    assert "SWEFLOW_VERL_PREFLIGHT_ONLY:-0" in script
     assert "'trainer.experiment_name='\"'\"'it'\"'\"''\"'\"'s spaced'\"'\"''" in script  # shell-quoted
     path = tmp_path / "launch.sh"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True).returncode == 0
+
+
+def test_the_preflight_names_every_way_the_cluster_differs_from_the_config():
+    from omegaconf import OmegaConf
+
+    from sweflow.train.verl_preflight import check
+
+    cfg = compose_verl_config(overrides_for(production_recipe(parallel=Parallel(nodes=2, gpus_per_node=8))))
+    nodes = [{"NodeID": f"{i:040x}", "NodeManagerAddress": f"10.0.0.{i}", "Resources": {"GPU": 8.0}}
+             for i in (1, 2)]  # fmt: skip
+    probes = [{"node_id": n["NodeID"], "hostname": "h"} for n in nodes]
+    assert check(nodes, probes, cfg, want_nodes=2, gpus_per_node=8) == []
+    short = [dict(nodes[0]), {**nodes[1], "Resources": {"GPU": 4.0}}]
+    problems = check(short[:1] + short[1:], probes[:1], cfg, want_nodes=2, gpus_per_node=8)
+    assert any("offers 4 GPU(s)" in p for p in problems)
+    assert any("probe tasks ran on 1 of 2" in p for p in problems)
+    other = OmegaConf.merge(cfg, {"trainer": {"nnodes": 4}})
+    assert any(
+        "asks for 4 node(s) x 8" in p for p in check(nodes, probes, other, want_nodes=2, gpus_per_node=8)
+    )
+    assert any("1 ray node(s) are alive" in p for p in check(nodes[:1], probes[:1], cfg, want_nodes=2,
+                                                              gpus_per_node=8))  # fmt: skip
