@@ -54,6 +54,8 @@ rule validate_split:
         report="results/{dataset}/{split}/rows.report.json",
     log:
         "logs/{dataset}/validate_split/{split}.log",
+    # about a second or less of work on small files: not worth a cluster job
+    localrule: True
     conda:
         "../envs/data.yaml"
     params:
@@ -73,6 +75,8 @@ checkpoint list_images:
         listing="results/{dataset}/images.txt",
     log:
         "logs/{dataset}/list_images.log",
+    # about a second or less of work on small files: not worth a cluster job
+    localrule: True
     conda:
         "../envs/data.yaml"
     params:
@@ -92,6 +96,8 @@ rule template_map:
         failures="results/{dataset}/template-failures.json",
     log:
         "logs/{dataset}/template_map.log",
+    # about a second or less of work on small files: not worth a cluster job
+    localrule: True
     conda:
         "../envs/data.yaml"
     script:

@@ -65,6 +65,8 @@ rule smoke_summary:
         summary="results/{dataset}/smoke-{provider}.json",
     log:
         "logs/{dataset}/smoke_summary-{provider}.log",
+    # about a second or less of work on small files: not worth a cluster job
+    localrule: True
     conda:
         "../envs/sandbox.yaml"
     script:

@@ -99,12 +99,16 @@ rule train_grpo:
         "logs/{dataset}/train_grpo/{run}.log",
     conda:
         "../envs/train-verl.yaml" if TRAIN["engine"] == "verl" else "../envs/train.yaml"
-    threads: workflow.cores
+    # every core the run gives it (local runs cap threads at --cores; on a cluster workflow.cores is undefined,
+    # so the profile sets it per node with set-threads)
+    threads: 64
     resources:
         nodes=TRAIN_NODES,
         tasks=TRAIN_NODES,
         tasks_per_gpu=0,
-        mpi="srun",
+        # the shell runs in the batch step and starts one task per node itself (srun); the plugin wants
+        # more than one task for that, so a one-node run is a plain job
+        mpi="srun" if TRAIN_NODES > 1 else "",
         # GPUs per node (gres is per node; the plugin's gpu= would be a per-job total)
         gres=f"gpu:{TRAIN_GPUS}" if TRAIN_GPUS else "",
         slurm_extra="--ntasks-per-node=1 --exclusive",

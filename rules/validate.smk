@@ -17,6 +17,8 @@ checkpoint validation_tasks:
         listing="results/{dataset}/{split}/validation-tasks.txt",
     log:
         "logs/{dataset}/validation_tasks/{split}.log",
+    # about a second or less of work on small files: not worth a cluster job
+    localrule: True
     conda:
         "../envs/agent.yaml"
     params:
@@ -55,6 +57,8 @@ rule validation_summary:
         valid="results/{dataset}/{split}/tasks.valid.jsonl",
     log:
         "logs/{dataset}/validation_summary/{split}.log",
+    # about a second or less of work on small files: not worth a cluster job
+    localrule: True
     conda:
         "../envs/agent.yaml"
     script:
