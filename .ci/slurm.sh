@@ -1,7 +1,8 @@
 #!/bin/bash
-# A real one-machine Slurm for tests (issue 12, not yet used by .ci/run): Debian's slurm-wlm 22.05 + munge,
-# one slurmctld and N slurmd processes with their own NodeName and port, one fake GPU each (gres on
-# /dev/null), a cpu and a gpu partition, no accounting database.
+# A real one-machine Slurm for tests (run by the slurm_cluster fixture of tests/integration/conftest.py):
+# Debian's slurm-wlm 22.05 + munge, one slurmctld and N slurmd processes with their own NodeName and port,
+# one fake GPU each (gres on /dev/null), a cpu and a gpu partition, no accounting database. Memory is not enforced here (no cgroups),
+# so the nodes declare 500 GB and the user profile's mem_mb values schedule unchanged.
 # usage: .ci/slurm.sh up|down ; env SLURM_NNODES (default 2), SLURM_BASE (default /tmp/slurmci/run)
 # Profiles that use it need `slurm-status-command: squeue` (the plugin's default, sacct, has no accounting
 # here and a run would hang, ignoring SIGTERM: wrap CI runs in `timeout -k`) and MinJobAge (300 here) >=
@@ -65,7 +66,7 @@ Waittime=0
 CONF
   i=0
   for n in $(seq 1 "$N"); do
-    echo "NodeName=n$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17000+n)) CPUs=4 RealMemory=4000 Gres=gpu:1 State=UNKNOWN"
+    echo "NodeName=n$n NodeHostname=$host NodeAddr=127.0.0.1 Port=$((17000+n)) CPUs=4 RealMemory=512000 Gres=gpu:1 State=UNKNOWN"
   done
   echo "PartitionName=cpu Nodes=$nodes Default=YES MaxTime=INFINITE State=UP"
   echo "PartitionName=gpu Nodes=$nodes Default=NO MaxTime=INFINITE State=UP"

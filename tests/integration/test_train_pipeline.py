@@ -1,12 +1,10 @@
-"""The embedded default trains for real: `snakemake train` in a fresh folder runs the whole chain (local Hub
+"""The embedded default trains for real: `make run`'s pipeline in a fresh folder (tests/integration/conftest.py) runs the whole chain (local Hub
 -> tasks -> templates -> validation -> e2e check -> tiny model from the Hub -> warm start -> GRPO with real
 rollouts: Claude Code in local sandboxes through the proxy, fresh evaluation) and its outputs hold up."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,21 +17,8 @@ RUN = "results/sample/grpo/tiny"
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    if not shutil.which("claude") or not shutil.which("bwrap"):
-        pytest.skip("needs Claude Code and bubblewrap (.ci/system.sh)")
-    pytest.importorskip("trl")
-    work = tmp_path_factory.mktemp("train-pipeline")
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
-           "--workflow-profile", "none", "--cores", "2", "train"]  # fmt: skip
-    env = {
-        **os.environ,
-        "HF_HOME": str(work / ".hf"),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
-    assert res.returncode == 0, f"snakemake failed:\n{res.stdout[-4000:]}\n{res.stderr[-6000:]}"
-    return work
+def trained(embedded_local_run):
+    return embedded_local_run
 
 
 def test_metrics_are_present_and_their_counts_add_up(trained):

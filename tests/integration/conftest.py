@@ -1,0 +1,91 @@
+"""Fixtures shared by integration modules: the embedded default run with the local profile (the training
+tests read it; the Slurm test compares its own run with it) and a real one-machine Slurm (.ci/slurm.sh)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def snakemake_env(work: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "HF_HOME": str(work / ".hf"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+
+
+@pytest.fixture(scope="session")
+def embedded_local_run(tmp_path_factory):
+    """`make run`'s pipeline (the embedded default, every stage) with profiles/local, in a fresh folder."""
+    if not shutil.which("claude") or not shutil.which("bwrap"):
+        pytest.skip("needs Claude Code and bubblewrap (.ci/system.sh)")
+    pytest.importorskip("trl")
+    work = tmp_path_factory.mktemp("embedded-local")
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
+           "--profile", str(ROOT / "profiles" / "local"), "--workflow-profile", "none"]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, env=snakemake_env(work), timeout=1500)
+    assert res.returncode == 0, f"snakemake failed:\n{res.stdout[-4000:]}\n{res.stderr[-6000:]}"
+    return work
+
+
+# ------------------------------------------------------------------------------------------------ Slurm
+
+SLURM_SCRIPT = ROOT / ".ci" / "slurm.sh"
+OVERLAY = ROOT / "tests" / "slurm_profile" / "config.yaml"
+
+
+def slurm_running() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    res = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, timeout=30)
+    return res.returncode == 0 and bool(res.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm on this machine (one controller, two slurmd nodes with a fake GPU each, partitions cpu
+    and gpu): used as it is when one is up, else brought up by .ci/slurm.sh and torn down afterwards."""
+    started = False
+    if not slurm_running():
+        if os.geteuid() != 0:
+            pytest.skip("bringing up Slurm needs root (.ci/slurm.sh)")
+        res = subprocess.run(["bash", str(SLURM_SCRIPT), "up"], capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, f".ci/slurm.sh up failed:\n{res.stdout}\n{res.stderr}"
+        print(res.stdout.splitlines()[0] if res.stdout else "")
+        started = True
+    listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()
+    yield {"nodes": sorted(set(listed))}  # sinfo lists a node once per partition
+    if started:
+        subprocess.run(["bash", str(SLURM_SCRIPT), "down"], capture_output=True, text=True, timeout=120)
+
+
+def merged_profile(dest: Path, extra: dict | None = None) -> Path:
+    """profiles/slurm with the test overlay (tests/slurm_profile/config.yaml) merged over it: its `drop`
+    keys removed, its mappings merged one level deep (set-resources per rule: two), the rest replaced."""
+    base = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+    overlay = yaml.safe_load(OVERLAY.read_text())
+    for layer in (overlay, extra or {}):
+        layer = dict(layer)
+        for key in layer.pop("drop", []):
+            base.pop(key, None)
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                for k, v in value.items():
+                    if isinstance(v, dict) and isinstance(base[key].get(k), dict):
+                        base[key][k] = {**base[key][k], **v}
+                    else:
+                        base[key][k] = v
+            else:
+                base[key] = value
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.yaml").write_text(yaml.safe_dump(base, sort_keys=True))
+    return dest
