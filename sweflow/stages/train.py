@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import TrainError
 from ..rulekit import from_snakemake
+from ..train.worker import proxy_settings as _proxy_settings
 from ..util import atomic_write, atomic_write_json, read_json, sha256_file, stable_json, write_if_changed
 
 __all__ = [
@@ -268,18 +269,10 @@ def train_grpo_step(
     return summary
 
 
-def _proxy_settings(train: Mapping[str, Any]) -> dict[str, Any]:
-    proxy = dict(train.get("proxy") or {})
-    return {
-        "host": proxy.get("host", "127.0.0.1"),
-        "port": int(proxy.get("port", 0)),
-        "public_url": proxy.get("public_url"),
-    }
-
-
 def _run_trl(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
     """TRL in this process (world size 1), or in `world size` processes (sweflow.train.launch)."""
     from ..train import launch
+    from ..train.worker import trl_in_process
 
     plan = launch.plan(recipe, python=sys.executable, job_id=os.environ.get("SLURM_JOB_ID") or None)
     if plan.argv is None:
@@ -310,41 +303,6 @@ def _run_trl(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[st
         )
     return {**read_json(result_file), "processes": plan.world_size,
             "nodes": [n.name for n in plan.nodes] or None}  # fmt: skip
-
-
-def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
-    """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step."""
-    from ..sandbox.registry import provider_from_config
-    from ..train.rollouts import PolicyRollouts
-    from ..train.trl_engine import train_trl
-
-    prov = provider_from_config(provider, dict(sandbox))
-    proxy = _proxy_settings(train)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-
-    def factory(engine: Any) -> PolicyRollouts:
-        return PolicyRollouts(
-            engine,
-            tokenizer,
-            prov,
-            max_new_tokens=recipe.max_turn_tokens or recipe.max_response_tokens,
-            max_context_tokens=recipe.max_prompt_tokens + recipe.max_response_tokens,
-            temperature=recipe.temperature,
-            top_p=recipe.top_p,
-            top_k=recipe.top_k,
-            host=proxy["host"],
-            # a fixed port is the first rank's; every other process of a run takes the next ones
-            port=proxy["port"] + int(os.environ.get("RANK", 0)) if proxy["port"] else 0,
-            public_url=proxy["public_url"],
-            max_concurrency=recipe.max_concurrency,
-            turn_timeout=recipe.turn_timeout,
-            session_prefix=f"{recipe.run}.",
-            eval_network=dict(sandbox.get("network") or {}),
-        )
-
-    return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory)
 
 
 def _run_verl(recipe, tasks, rows, model_dir, work, train, sandbox, provider, megatron_dir) -> dict[str, Any]:

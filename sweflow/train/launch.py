@@ -12,7 +12,7 @@ node on CPU, where torch.distributed uses gloo). `plan(...)` turns it into the c
 - outside Slurm with world size > 1: `torchrun --standalone` with every process on this machine (a
   multi-GPU box, or a CPU rehearsal of a multi-node recipe).
 
-The processes run `python -m sweflow.stages.train_worker`; what they train comes in `$SWEFLOW_TRAIN_SPEC`
+The processes run `python -m sweflow.train.worker`; what they train comes in `$SWEFLOW_TRAIN_SPEC`
 (JSON), which the worker removes from its environment before it starts anything (no sandbox, proxy or
 child inherits it).
 """
@@ -28,7 +28,7 @@ from ..slurm import Node, allocation_nodes
 from ..util import free_port, log
 from .recipe import Recipe
 
-WORKER_MODULE = "sweflow.stages.train_worker"
+WORKER_MODULE = "sweflow.train.worker"
 SPEC_ENV = "SWEFLOW_TRAIN_SPEC"
 
 

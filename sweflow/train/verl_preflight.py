@@ -60,7 +60,7 @@ def probe_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return ray.get(refs, timeout=300)
 
 
-def check(nodes: list[dict[str, Any]], probes: list[dict[str, Any]], cfg: Any, *, want_nodes: int,
+def cluster_problems(nodes: list[dict[str, Any]], probes: list[dict[str, Any]], cfg: Any, *, want_nodes: int,
           gpus_per_node: int) -> list[str]:  # fmt: skip
     """The problems found (empty: the cluster is the one the config asks for)."""
     problems = []
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     report["join_s"] = round(time.monotonic() - t0, 2)
     probes = probe_nodes(nodes)
     cfg = compose_verl_config(args.overrides)
-    problems = check(nodes, probes, cfg, want_nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    problems = cluster_problems(nodes, probes, cfg, want_nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     report.update(
         nodes=[
             {

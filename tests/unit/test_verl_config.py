@@ -189,7 +189,7 @@ def test_launch_script_for_four_nodes_starts_ray_on_each_and_parses(tmp_path):
 def test_the_preflight_names_every_way_the_cluster_differs_from_the_config():
     from omegaconf import OmegaConf
 
-    from sweflow.train.verl_preflight import check
+    from sweflow.train.verl_preflight import cluster_problems as check
 
     cfg = compose_verl_config(overrides_for(production_recipe(parallel=Parallel(nodes=2, gpus_per_node=8))))
     nodes = [{"NodeID": f"{i:040x}", "NodeManagerAddress": f"10.0.0.{i}", "Resources": {"GPU": 8.0}}

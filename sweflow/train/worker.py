@@ -1,0 +1,111 @@
+"""One process of a TRL GRPO run: `trl_in_process` (the rule's own process, or each rank of a data-parallel
+run) and `main` (`python -m sweflow.train.worker`, started by torchrun on each node; see sweflow.train.launch).
+
+Reads its spec from $SWEFLOW_TRAIN_SPEC and removes it from the environment first, so no proxy, sandbox or
+child process inherits the live config. Logs to <logs>/rank-<RANK>.log. Every rank rolls out its share of
+each step through its own proxy and sandboxes; torch.distributed (gloo on CPU, NCCL on GPUs) averages the
+gradients; rank 0 writes the metrics, rollout records, checkpoints and <result>.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import SweflowError
+from ..util import atomic_write_json, setup_logging
+from .launch import SPEC_ENV
+
+
+def proxy_settings(train: Mapping[str, Any]) -> dict[str, Any]:
+    """The `train.proxy` section with its defaults (host, port: 0 = a free one, public_url)."""
+    proxy = dict(train.get("proxy") or {})
+    return {
+        "host": proxy.get("host", "127.0.0.1"),
+        "port": int(proxy.get("port", 0)),
+        "public_url": proxy.get("public_url"),
+    }
+
+
+def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
+    """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step."""
+    from ..sandbox.registry import provider_from_config
+    from .rollouts import PolicyRollouts
+    from .trl_engine import train_trl
+
+    prov = provider_from_config(provider, dict(sandbox))
+    proxy = proxy_settings(train)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+
+    def factory(engine: Any) -> PolicyRollouts:
+        return PolicyRollouts(
+            engine,
+            tokenizer,
+            prov,
+            max_new_tokens=recipe.max_turn_tokens or recipe.max_response_tokens,
+            max_context_tokens=recipe.max_prompt_tokens + recipe.max_response_tokens,
+            temperature=recipe.temperature,
+            top_p=recipe.top_p,
+            top_k=recipe.top_k,
+            host=proxy["host"],
+            # a fixed port is the first rank's; every other process of a run takes the next ones
+            port=proxy["port"] + int(os.environ.get("RANK", 0)) if proxy["port"] else 0,
+            public_url=proxy["public_url"],
+            max_concurrency=recipe.max_concurrency,
+            turn_timeout=recipe.turn_timeout,
+            session_prefix=f"{recipe.run}.",
+            eval_network=dict(sandbox.get("network") or {}),
+        )
+
+    return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory)
+
+
+def main() -> int:
+    raw = os.environ.pop(SPEC_ENV, None)
+    if raw is None:
+        print(
+            f"sweflow: {SPEC_ENV} is not set (this module is started by the train_grpo rule)", file=sys.stderr
+        )
+        return 2
+    spec = json.loads(raw)
+    rank = int(os.environ.get("RANK", 0))
+    log = setup_logging(Path(spec["logs"]) / f"rank-{rank}.log")
+    log.info(
+        "rank %d of %s on %s (local rank %s)",
+        rank,
+        os.environ.get("WORLD_SIZE"),
+        os.uname().nodename,
+        os.environ.get("LOCAL_RANK"),
+    )
+    from .recipe import Recipe
+
+    recipe = Recipe.from_config(spec["train"])
+    try:
+        result = trl_in_process(
+            recipe,
+            spec["rows"],
+            spec["model_dir"],
+            Path(spec["work"]),
+            spec["train"],
+            spec["sandbox"],
+            spec["provider"],
+        )
+    except SweflowError as exc:
+        log.error("%s", exc.one_line())
+        return 1
+    atomic_write_json(Path(spec["logs"]) / f"rank-{rank}.json", {"rank": rank, "host": os.uname().nodename,
+                      "weights_sha256": result.get("weights_sha256")})  # fmt: skip
+    if rank == 0:
+        atomic_write_json(spec["result"], result)
+    log.info("rank %d done", rank)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
