@@ -23,15 +23,22 @@ def snakemake_env(work: Path) -> dict[str, str]:
     }
 
 
+# The embedded default with GRPO as 2 data-parallel processes (tests/fixtures/two_nodes.yaml): the local
+# run and the Slurm run (one 2-node job) train the same way, so their outputs can be compared byte for byte.
+EMBEDDED_CONFIGS = [str(ROOT / "config" / "config.yaml"), str(ROOT / "tests" / "fixtures" / "two_nodes.yaml")]
+
+
 @pytest.fixture(scope="session")
 def embedded_local_run(tmp_path_factory):
-    """`make run`'s pipeline (the embedded default, every stage) with profiles/local, in a fresh folder."""
+    """`make run`'s pipeline (the embedded default, every stage; EMBEDDED_CONFIGS) with profiles/local, in a
+    fresh folder."""
     if not shutil.which("claude") or not shutil.which("bwrap"):
         pytest.skip("needs Claude Code and bubblewrap (.ci/system.sh)")
     pytest.importorskip("trl")
     work = tmp_path_factory.mktemp("embedded-local")
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
-           "--profile", str(ROOT / "profiles" / "local"), "--workflow-profile", "none"]  # fmt: skip
+           "--profile", str(ROOT / "profiles" / "local"), "--workflow-profile", "none",
+           "--configfile", *EMBEDDED_CONFIGS]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, env=snakemake_env(work), timeout=1500)
     assert res.returncode == 0, f"snakemake failed:\n{res.stdout[-4000:]}\n{res.stderr[-6000:]}"
     return work

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 import yaml
-from test_pipeline_data import jobs_run, snakemake
+from test_pipeline_data import snakemake
 
 from sweflow.dataset.local_hub import HubStore, publish_sample, serve
 from sweflow.sample import skyrl_rows, write_parquet
@@ -46,28 +46,26 @@ def config(work, url, provider, **sandbox):
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
-@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed")
-def test_local_provider_builds_and_smokes_every_template(tmp_path, hub):
-    _, url = hub
-    work = tmp_path / "w"
-    work.mkdir()
-    config(work, url, "local", local={"templates_root": str(tmp_path / "templates")})
-    snakemake(work)  # the whole default target: templates, smoke, validation, end-to-end check
+def test_local_provider_builds_and_smokes_every_template(embedded_local_run):
+    """The embedded default's run (tests/integration/conftest.py) built and smoke-tested every template with
+    the local provider, validated on them and ran the end-to-end check; its rerun doing nothing is checked
+    in test_train_pipeline.py."""
+    work = embedded_local_run
     summary = json.loads((work / "results/sample/smoke-local.json").read_text())
-    assert summary == {"templates": 2, "ok": 2, "failed": []}
-    for marker in (work / "results/sample/smoke/local").glob("*.json"):
+    assert summary == {"templates": 8, "ok": 8, "failed": []}
+    markers = list((work / "results/sample/smoke/local").glob("*.json"))
+    assert len(markers) == 8
+    for marker in markers:
         data = json.loads(marker.read_text())
         assert data["ok"] and data["version"] and data["host_reachable"] is True
     mapping = json.loads((work / "results/sample/template-map.json").read_text())
-    assert len(mapping) == 2 and all(v != k for k, v in mapping.items())
-    validation = json.loads((work / "results/sample/validation/validation-summary.json").read_text())
-    assert validation["valid"] == validation["tasks"] == 2 and validation["broken"] == [], validation
-    e2e = json.loads((work / "results/sample/e2e/sweflow__calclib-4.json").read_text())
+    assert len(mapping) == 8 and all(v != k for k, v in mapping.items())
+    for split, tasks in (("train", 6), ("validation", 2)):
+        validation = json.loads((work / f"results/sample/{split}/validation-summary.json").read_text())
+        assert validation["valid"] == validation["tasks"] == tasks and validation["broken"] == [], validation
+    e2e = json.loads((work / "results/sample/e2e/sweflow__calclib-3.json").read_text())
     assert e2e["ok"] and e2e["policies"]["gold"]["reward"] == 1.0
     assert e2e["policies"]["test_edit"]["reward"] == 0.0
-    # templates already built are not rebuilt
-    again = snakemake(work)
-    assert jobs_run(again) == []
 
 
 @pytest.mark.docker

@@ -2,15 +2,16 @@
 fake GPU each, partitions cpu and gpu, no accounting database), with the small test overlay
 tests/slurm_profile/config.yaml (account, status command, software deployment off).
 
-- the embedded default runs through it: every rule that is not a localrule is a Slurm job (its provenance
-  names the job, nodes and partition), the byte-stable outputs equal the local-profile run's, and a second
-  run does nothing;
-- train_grpo as ONE 2-node Slurm job: TRL data-parallel GRPO with one process per node (gloo), both ranks
-  ending with the same weights;
+- the embedded default runs through it (with tests/fixtures/two_nodes.yaml, as the local-profile run of
+  tests/integration/conftest.py): every rule that is not a localrule is a Slurm job (its provenance names
+  the job, nodes and partition), the byte-stable outputs equal the local-profile run's, and a second run
+  does nothing;
+- its train_grpo is ONE 2-node Slurm job: TRL data-parallel GRPO with one process per node (gloo), both
+  ranks ending with the same weights;
 - verl's launch script in a 2-node allocation: a Ray cluster over both nodes, checked by the preflight
   driver together with the composed trainer config (no GPU here: it stops before verl's trainer);
-- faults: a cancelled job is retried, a job past its time limit is reported with its Slurm job id and log,
-  the other jobs finish, and --rerun-incomplete completes the run;
+- faults (a small workflow run beside the embedded one): a cancelled job is retried, a job past its time
+  limit is reported with its Slurm job id and log, the other jobs finish, and a rerun completes the run;
 - the production recipe's training job asks Slurm for 4 nodes x 8 GPUs, exclusive (the sbatch options
   the plugin generated, as the real sbatch refused them on this 2-node cluster).
 """
@@ -29,7 +30,7 @@ import pytest
 import yaml
 
 from sweflow.util import sha256_file
-from tests.integration.conftest import ROOT, merged_profile, snakemake_env
+from tests.integration.conftest import EMBEDDED_CONFIGS, ROOT, merged_profile, snakemake_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.claude, pytest.mark.slurm]
 RUN = "results/sample/grpo/tiny"
@@ -66,14 +67,53 @@ def records(work: Path) -> dict[str, dict]:
     }
 
 
+class FaultRun:
+    """The fault workflow (tests/fixtures/slurm_faults) through profiles/slurm, started in the background
+    (its jobs mostly sleep, so it shares the cluster with the embedded run without slowing it), with a
+    watcher that scancels the `cancelled` rule's first attempt once it runs."""
+
+    def __init__(self, work: Path, profile: Path) -> None:
+        self.work, self.profile = work, profile
+        self.stop, self.cancelled = threading.Event(), []
+        self.watcher = threading.Thread(
+            target=_cancel_when_running, args=("rule_cancelled", self.stop, self.cancelled), daemon=True
+        )
+        self.watcher.start()
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=snakemake_env(work))  # fmt: skip
+        self.out: list[str] = []
+        self.seconds = 0.0
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        self.out.append(self.proc.stdout.read())
+        self.proc.wait()
+        self.seconds = time.monotonic() - self.t0
+
+    def cmd(self, *args: str, timeout: int = 600) -> list[str]:
+        return ["timeout", "-k", "20", str(timeout), sys.executable, "-m", "snakemake", "--snakefile",
+                str(ROOT / "tests" / "fixtures" / "slurm_faults" / "Snakefile"), "--directory", str(self.work),
+                "--profile", str(self.profile), "--workflow-profile", "none", *args]  # fmt: skip
+
+    def result(self) -> tuple[int, str, float]:
+        self.reader.join(timeout=900)
+        self.stop.set()
+        return self.proc.returncode, "".join(self.out), self.seconds
+
+
 @pytest.fixture(scope="module")
 def slurm_run(slurm_cluster, tmp_path_factory):
     work = tmp_path_factory.mktemp("embedded-slurm")
     profile = merged_profile(tmp_path_factory.mktemp("profile"))
-    res = snakemake(work, profile)
+    fault_work = tmp_path_factory.mktemp("faults")
+    faults = FaultRun(fault_work, profile)
+    res = snakemake(work, profile, "--configfile", *EMBEDDED_CONFIGS)
+    fault_result = faults.result()
     assert res.returncode == 0, f"snakemake under Slurm failed:\n{res.stdout[-4000:]}\n{res.stderr[-8000:]}"
-    print(f"embedded default under profiles/slurm: {res.seconds:.0f} s")
-    return {"work": work, "profile": profile, "res": res}
+    print(f"embedded default under profiles/slurm: {res.seconds:.0f} s; fault run: {fault_result[2]:.0f} s")
+    return {"work": work, "profile": profile, "res": res, "faults": faults, "fault_result": fault_result}
 
 
 def test_every_rule_but_the_local_ones_ran_as_a_slurm_job(slurm_run, slurm_cluster):
@@ -102,7 +142,8 @@ def test_every_rule_but_the_local_ones_ran_as_a_slurm_job(slurm_run, slurm_clust
 # Fields that measure the run rather than the result: durations, absolute paths of the work folder, the
 # random suffix of proxy session ids, a build's random id, a test log's own timing line.
 VOLATILE = re.compile(
-    r"^(timings|seconds|train_seconds|duration|started|ended|build_id|path|output_tail|log|.*_s)$"
+    # nodes: the training summary names the Slurm nodes (none on the local run)
+    r"^(timings|seconds|train_seconds|duration|started|ended|build_id|path|output_tail|log|nodes|.*_s)$"
 )
 
 
@@ -165,36 +206,28 @@ def test_byte_stable_outputs_equal_the_local_profile_run(slurm_run, embedded_loc
 
 
 def test_a_second_run_under_slurm_does_nothing(slurm_run):
-    res = snakemake(slurm_run["work"], slurm_run["profile"], "-n", timeout=300)
+    res = snakemake(
+        slurm_run["work"], slurm_run["profile"], "-n", "--configfile", *EMBEDDED_CONFIGS, timeout=300
+    )
     assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, res.stdout[-3000:]
 
 
 def test_train_grpo_is_one_two_node_job_training_data_parallel(slurm_run, slurm_cluster):
-    """The same training, 2 nodes x 1 process: one Slurm job (--nodes=2 --exclusive), torchrun on each node
-    (srun --overlap), one rendezvous, both ranks rolling out and ending with identical weights."""
+    """The embedded run's training (tests/fixtures/two_nodes.yaml): ONE Slurm job of 2 nodes (--exclusive),
+    torchrun on each node (srun --overlap), one rendezvous, both ranks rolling out their groups and ending
+    with identical weights."""
     work = slurm_run["work"]
-    extra = work / "two-nodes.yaml"
-    extra.write_text(yaml.safe_dump({"train": {"run": "tiny-dp", "parallel": {"nodes": 2}}}))
-    target = "results/sample/grpo/tiny-dp/summary.json"
-    res = snakemake(work, slurm_run["profile"], target, "--configfile", str(ROOT / "config/config.yaml"),
-                    str(extra), timeout=1500)  # fmt: skip
-    assert res.returncode == 0, f"{res.stdout[-4000:]}\n{res.stderr[-8000:]}"
-    print(f"2-node train_grpo job: {res.seconds:.0f} s")
-    ran = re.findall(r"rule (\w+):", res.stdout + res.stderr)
-    assert set(ran) == {"train_grpo"}, ran  # everything upstream was reused
-    rec = json.loads((work / ".provenance" / "results/sample/grpo/tiny-dp/summary.json.json").read_text())
+    rec = json.loads((work / ".provenance" / f"{RUN}/summary.json.json").read_text())
     assert rec["slurm"]["nodes"] == slurm_cluster["nodes"][:2] and rec["slurm"]["partition"] == "gpu"
-    summary = json.loads((work / target).read_text())
+    summary = json.loads((work / RUN / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["nodes"] == rec["slurm"]["nodes"]
-    logs = work / "results/sample/grpo/tiny-dp/work/logs"
+    logs = work / RUN / "work" / "logs"
     ranks = [json.loads((logs / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["weights_sha256"] == ranks[1]["weights_sha256"] == summary["weights_sha256"]
     for r in (0, 1):
         text = (logs / f"rank-{r}.log").read_text()
-        assert f"rank {r} of 2" in text and f"rank {r} done" in text
-    metrics = [
-        json.loads(x) for x in (work / "results/sample/grpo/tiny-dp/metrics.jsonl").read_text().splitlines()
-    ]
+        assert f"rank {r} of 2" in text and f"rank {r} done" in text and "completed reward=" in text
+    metrics = [json.loads(x) for x in (work / RUN / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(m["samples"] == 8 == m["completed"] + m["aborted"] for m in metrics)
     # it trained: a group with reward variance (seeded sampling: the same every run) moved the weights
@@ -225,34 +258,16 @@ def _cancel_when_running(comment: str, stop: threading.Event, cancelled: list[st
         time.sleep(1)
 
 
-def test_cancelled_and_overtime_jobs_are_retried_reported_and_recovered(slurm_cluster, tmp_path):
-    work = tmp_path / "faults"
-    work.mkdir()
-    profile = merged_profile(tmp_path / "profile")
-    snakefile = ROOT / "tests" / "fixtures" / "slurm_faults" / "Snakefile"
-
-    def run(*args, timeout=600):
-        cmd = ["timeout", "-k", "20", str(timeout), sys.executable, "-m", "snakemake", "--snakefile",
-               str(snakefile), "--directory", str(work), "--profile", str(profile), "--workflow-profile",
-               "none", *args]  # fmt: skip
-        return subprocess.run(
-            cmd, capture_output=True, text=True, env=snakemake_env(work), timeout=timeout + 60
-        )
-
-    stop, cancelled = threading.Event(), []
-    watcher = threading.Thread(
-        target=_cancel_when_running, args=("rule_cancelled", stop, cancelled), daemon=True
-    )
-    watcher.start()
-    t0 = time.monotonic()
-    res = run()
-    stop.set()
-    print(f"fault run: {time.monotonic() - t0:.0f} s")
-    out = res.stdout + res.stderr
-    assert res.returncode != 0, out[-3000:]  # overtime failed for good
-    assert len(cancelled) == 1, out[-3000:]
+def test_cancelled_and_overtime_jobs_are_retried_reported_and_recovered(slurm_run):
+    faults: FaultRun = slurm_run["faults"]
+    rc, out, seconds = slurm_run["fault_result"]
+    work = faults.work
+    assert rc != 0, out[-3000:]  # overtime failed for good
+    assert len(faults.cancelled) == 1, out[-3000:]
     # the cancelled job: reported with its id and log, then retried (the profile's retries: 1) and done
-    assert re.search(rf"SLURM-job '{cancelled[0]}' failed, SLURM status is: 'CANCELLED", out), out[-4000:]
+    assert re.search(rf"SLURM-job '{faults.cancelled[0]}' failed, SLURM status is: 'CANCELLED", out), out[
+        -4000:
+    ]
     assert (work / "cancelled.txt").read_text() == "done\n"
     # the job past its 1-minute limit: reported with its job id, status and log path
     m = re.search(r"SLURM-job '(\d+)' failed, SLURM status is: 'TIMEOUT", out)
@@ -262,7 +277,8 @@ def test_cancelled_and_overtime_jobs_are_retried_reported_and_recovered(slurm_cl
     # keep-going: the independent work finished
     assert (work / "ok.txt").exists() and (work / "after_ok.txt").exists()
     # a rerun (the profile's rerun-incomplete) finishes only what is missing
-    res2 = run("--config", "fast=1", timeout=400)
+    res2 = subprocess.run(faults.cmd("--config", "fast=1", timeout=400), capture_output=True, text=True,
+                          env=snakemake_env(work), timeout=460)  # fmt: skip
     assert res2.returncode == 0, (res2.stdout + res2.stderr)[-3000:]
     ran = re.findall(r"rule (\w+):", res2.stdout + res2.stderr)
     assert sorted(set(ran) - {"all"}) == ["overtime"], ran

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import EMBEDDED_CONFIGS
+
 pytestmark = [pytest.mark.integration, pytest.mark.claude]
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "results/sample/grpo/tiny"
@@ -69,10 +71,11 @@ def test_weights_changed_and_the_final_checkpoint_loads_and_generates(trained):
     assert out.shape[1] > ids.shape[1]
     summary = json.loads((trained / RUN / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["checkpoints"] and summary["final_weights"]
+    assert summary["processes"] == 2  # tests/fixtures/two_nodes.yaml: 2 data-parallel processes here
 
 
 def test_a_second_run_does_nothing(trained):
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(trained),
-           "--workflow-profile", "none", "--cores", "2", "-n", "train"]  # fmt: skip
+           "--workflow-profile", "none", "--cores", "2", "-n", "train", "--configfile", *EMBEDDED_CONFIGS]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, res.stdout[-2000:]
