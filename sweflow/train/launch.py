@@ -9,7 +9,7 @@ node on CPU, where torch.distributed uses gloo). `plan(...)` turns it into the c
   per node of the allocation (`--overlap`: the batch step already holds the allocation), each a torchrun
   agent with `--node-rank=$SLURM_NODEID` (srun sets it for its tasks), the rendezvous at the first node's
   address (the batch step runs there, so a free port is picked there);
-- outside Slurm with world size > 1: `torchrun --standalone` with every process on this machine (a
+- outside Slurm with world size > 1: torchrun with every process on this machine (a
   multi-GPU box, or a CPU rehearsal of a multi-node recipe).
 
 The processes run `python -m sweflow.train.worker`; what they train comes in `$SWEFLOW_TRAIN_SPEC`
@@ -76,24 +76,16 @@ def plan(
                 field="train.parallel.nodes",
                 hint="the train_grpo rule's resources take the node count from train.parallel.nodes",
             )
-        head = found[0].addr
-        rdzv = f"{head}:{port or free_port()}"
-        torchrun = [
-            python, "-m", "torch.distributed.run",
-            f"--nnodes={p.nodes}", f"--nproc-per-node={nproc}",
-            f"--master-addr={head}", f"--master-port={rdzv.rsplit(':', 1)[1]}",
-            "--max-restarts=0", "-m", WORKER_MODULE,
-        ]  # fmt: skip
+        head, port = found[0].addr, port or free_port()
         # the node rank is srun's per-task SLURM_NODEID, so it is expanded by the task's own shell
-        inner = " ".join(shlex.quote(a) for a in torchrun[:3]) + ' --node-rank="$SLURM_NODEID" '
-        inner += " ".join(shlex.quote(a) for a in torchrun[3:])
+        inner = _torchrun(python, p.nodes, nproc, head, port, node_rank='"$SLURM_NODEID"')
         argv = [
             "srun", f"--jobid={job_id}", f"--nodes={p.nodes}", f"--ntasks={p.nodes}",
             "--ntasks-per-node=1", "--overlap", "--kill-on-bad-exit=1",
             f"--nodelist={','.join(n.name for n in found)}",
             "bash", "-c", "exec " + inner,
         ]  # fmt: skip
-        return Launch(argv, world, found, rdzv)
+        return Launch(argv, world, found, f"{head}:{port}")
     if p.nodes > 1:
         log.warning(
             "train.parallel.nodes is %d but this is not a Slurm job: all %d processes run on this machine",
@@ -101,8 +93,15 @@ def plan(
             world,
         )
     port = port or free_port()
-    argv = [
-        python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={world}",
-        "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0", "-m", WORKER_MODULE,
-    ]  # fmt: skip
+    argv = shlex.split(_torchrun(python, 1, world, "127.0.0.1", port, node_rank="0"))
     return Launch(argv, world, [], f"127.0.0.1:{port}")
+
+
+def _torchrun(python: str, nnodes: int, nproc: int, addr: str, port: int, *, node_rank: str) -> str:
+    """The torchrun command line (shell words; `node_rank` is inserted as written) for the worker."""
+    q = shlex.quote
+    return (
+        f"{q(python)} -m torch.distributed.run --node-rank={node_rank} --nnodes={nnodes} "
+        f"--nproc-per-node={nproc} --master-addr={q(addr)} --master-port={port} --max-restarts=0 "
+        f"-m {WORKER_MODULE}"
+    )
