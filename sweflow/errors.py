@@ -70,3 +70,7 @@ class ProvenanceError(SweflowError):
 
 class TrainError(SweflowError):
     """A model preparation or training run failed."""
+
+
+class SmithError(SweflowError):
+    """A SWE-smith repository profile, candidate, validation run or task could not be used."""
