@@ -38,7 +38,12 @@ OPTIONAL_FIELDS: dict[str, str] = {
 }
 # swebench 5.x rows carry their own eval script and parser name: kept (as text) only when a row has them.
 ROW_SCRIPT_FIELDS = ("eval_script", "log_parser", "image", "eval_type")
-INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*__[A-Za-z0-9][A-Za-z0-9._-]*-[A-Za-z0-9._-]+$")
+# SWE-bench / SWE-Gym `owner__repo-number`, or a synthesized task's `owner__repo.commit8.strategy__hash8`
+# (sweflow.smith.candidates).
+INSTANCE_ID_RE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*__[A-Za-z0-9][A-Za-z0-9._-]*"
+    r"(?:-[A-Za-z0-9._-]+|\.[0-9a-f]{8}\.[a-z_]+__[0-9a-f]{8})$"
+)
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -252,7 +257,10 @@ def check_instance(
             bad(name, "must not be empty")
             ok.discard(name)
     if "instance_id" in ok and not INSTANCE_ID_RE.match(out["instance_id"]):
-        bad("instance_id", f"instance id {out['instance_id']!r} is not of the form owner__repo-number")
+        bad(
+            "instance_id",
+            f"instance id {out['instance_id']!r} is not of the form owner__repo-number (or owner__repo.commit8.strategy__hash8)",
+        )
     if "base_commit" in ok and not re.fullmatch(r"[0-9a-f]{7,40}", out["base_commit"]):
         bad("base_commit", f"base commit {out['base_commit']!r} is not a hex commit id")
     if "FAIL_TO_PASS" in ok and not out["FAIL_TO_PASS"]:

@@ -1,0 +1,147 @@
+"""Validated candidates -> SWE-bench rows, each bugged state a commit in a local bare repository.
+
+Per kept candidate, in one reused checkout of the reference commit: apply the bug, take the fix (the bug's
+reverse on the files it changed), delete the test files that hold a FAIL_TO_PASS test (the agent never sees
+them; the test patch brings them back at evaluation, as the recipe does), and commit that tree as a
+parentless commit (pinned identity, the reference commit's date) under `refs/heads/tasks/<instance_id>`.
+No commit is parent of another, so a task's repository holds nothing that shows the fix. Nothing goes to a
+hosting service: the refs are pushed to the local bare repository `tasks.git` in one go. The official eval
+script runs only the test patch's files, so a row's PASS_TO_PASS are the validated passes in those files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import SmithError
+from .candidates import Candidate
+from .gitrepo import apply_patch, checkout, git_out, is_test_path, run_git
+from .profile import RepoProfile
+
+TASK_REF = "refs/heads/tasks/"
+ROW_COLUMNS = (
+    "instance_id",
+    "hints_text",
+    "patch",
+    "test_patch",
+    "created_at",
+    "problem_statement",
+    "repo",
+    "base_commit",
+    "version",
+    "PASS_TO_PASS",
+    "FAIL_TO_PASS",
+    "environment_setup_commit",
+)
+
+
+def test_files_of(tests: Iterable[str]) -> list[str]:
+    """The files of pytest-style test ids (`path::name[param]`), sorted."""
+    return sorted({t.split("::", 1)[0] for t in tests if "::" in t})
+
+
+def _diff(tree: Path, a: str, b: str, paths: list[str]) -> str:
+    if not paths:
+        return ""
+    return git_out(
+        tree,
+        "-c",
+        "core.quotepath=true",
+        "diff",
+        "--binary",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-color",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        a,
+        b,
+        "--",
+        *paths,
+    )
+
+
+def gather(
+    profile: RepoProfile,
+    bare: str | os.PathLike,
+    commit: str,
+    date: str,
+    kept: Iterable[tuple[Candidate, Mapping[str, Any]]],
+    tasks_git: str | os.PathLike,
+) -> list[dict[str, Any]]:
+    """Rows (ROW_COLUMNS + `bug_patch`, `strategy`, `meta`, `failing_output`) for each (candidate, kept report), and the
+    bare repository `tasks_git` (replaced) holding one parentless commit per row."""
+    tasks_git = Path(tasks_git).resolve()
+    bare = Path(bare).resolve()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix=".smith-gather-", dir=tasks_git.parent) as tmp:
+        tree = checkout(bare, commit, Path(tmp) / "work")
+        for cand, report in kept:
+            run_git(tree, "reset", "-q", "--hard", commit)
+            run_git(tree, "clean", "-fdq")
+            apply_patch(tree, cand.patch)
+            f2p = list(report["FAIL_TO_PASS"])
+            hidden = [f for f in test_files_of(f2p) if (tree / f).exists()]
+            if not hidden:
+                raise SmithError("no FAIL_TO_PASS test file exists in the tree", row=cand.instance_id)
+            for f in hidden:
+                (tree / f).unlink()
+            run_git(tree, "add", "-A")
+            tree_sha = git_out(tree, "write-tree").strip()
+            sha = git_out(
+                tree, "commit-tree", tree_sha, "-m", f"{profile.repo}: task state", date=date
+            ).strip()
+            run_git(tree, "update-ref", f"{TASK_REF}{cand.instance_id}", sha)
+            changed = [f for f in cand.files if not is_test_path(f)]
+            fix = _diff(tree, sha, commit, changed)
+            if not fix.strip():
+                raise SmithError("the fix (reverse of the bug) is empty", row=cand.instance_id)
+            rows.append(
+                {
+                    "instance_id": cand.instance_id,
+                    "hints_text": "",
+                    "patch": fix,
+                    "test_patch": _diff(tree, sha, commit, hidden),
+                    "created_at": date,
+                    "problem_statement": "",
+                    "repo": profile.repo,
+                    "base_commit": sha,
+                    "version": profile.version,
+                    # the official eval script runs the test patch's files only: the row's PASS_TO_PASS are
+                    # the stable passes among them (the whole suite's count stays in `suite_p2p`)
+                    "PASS_TO_PASS": [t for t in report["PASS_TO_PASS"] if t.split("::", 1)[0] in hidden],
+                    "FAIL_TO_PASS": f2p,
+                    "environment_setup_commit": commit,
+                    "bug_patch": cand.patch,
+                    "strategy": cand.strategy,
+                    "meta": cand.meta,
+                    "failing_output": str(report.get("failing_output") or ""),
+                    "suite_p2p": len(report["PASS_TO_PASS"]),
+                }
+            )
+        part = Path(tmp) / "tasks.git"
+        run_git(Path(tmp), "init", "-q", "--bare", "--template=", str(part))
+        if rows:
+            run_git(tree, "push", "-q", str(part), f"{TASK_REF}*:{TASK_REF}*", timeout=1800)
+        if tasks_git.exists():
+            shutil.rmtree(tasks_git)
+        os.replace(part, tasks_git)
+    return rows
+
+
+def task_repository(
+    tasks_git: str | os.PathLike, instance_id: str, dest: str | os.PathLike
+) -> tuple[Path, str]:
+    """A repository at `dest` holding only the one task commit (none of the other tasks' objects, which
+    would show this task's fix): (path, commit sha)."""
+    dest = Path(dest)
+    run_git(dest.parent, "init", "-q", "--template=", str(dest))
+    ref = f"{TASK_REF}{instance_id}"
+    run_git(dest, "fetch", "-q", "--no-tags", str(Path(tasks_git).resolve()), f"{ref}:{ref}", timeout=600)
+    sha = git_out(dest, "rev-parse", ref).strip()
+    return dest, sha

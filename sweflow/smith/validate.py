@@ -1,0 +1,290 @@
+"""Before/after validation: the reference suite run and each candidate's bug run, k times each, graded here.
+
+A run happens in a fresh sandbox of the repository's environment template (the repository at /testbed at the
+reference commit): reset, apply the candidate's diff, then the whole suite `runs` times, each under its own
+`timeout`, with the tree reset and the diff re-applied before every run (files outside /testbed, like /tmp,
+carry over, so a test that depends on an earlier run's leftovers shows up as unstable). The log comes back
+through the provider's pipe and is parsed HERE with the installed harness package's parser; nothing the
+sandbox writes is taken as a verdict.
+
+Only PASSED is a pass: SKIPPED, XFAIL, XPASS, ERROR, FAILED and tests absent from a log are not. A test
+is stable when its status is the same in every run. FAIL_TO_PASS: stable PASSED in the reference and stable
+non-pass with the bug; PASS_TO_PASS: stable PASSED in both; everything else (flaky in either) is left out and
+counted. A suite run past its timeout makes the candidate `timeout` (skipped, as upstream). A sandbox that
+cannot be created or dies is an infrastructure error, never a verdict: it is retried, then reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import SandboxError, SmithError
+from ..harness import driver
+from ..sandbox.base import Provider
+from ..util import retry
+from .candidates import Candidate
+from .profile import RepoProfile
+
+log = logging.getLogger("sweflow.smith.validate")
+
+PASSED = "PASSED"
+ABSENT = "ABSENT"
+BUG_FILE = "/tmp/.sweflow-smith/bug.diff"
+SETUP_TIMEOUT = 300.0
+# Outcomes of one candidate.
+KEPT = "kept"
+NO_F2P = "no_fail_to_pass"
+NO_P2P = "no_pass_to_pass"
+TIMEOUT = "timeout"
+APPLY_FAILED = "apply_failed"
+ERROR = "error"
+TAIL_CHARS = 3000
+
+
+@dataclass
+class SuiteRun:
+    """One run of the whole suite: the parsed status map, the provider's exit status, timing."""
+
+    statuses: dict[str, str]
+    exit_code: int | None
+    timed_out: bool
+    seconds: float
+    tail: str = field(default="", repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SuiteResult:
+    """All runs of one sandbox; `apply_error` is set (and `runs` empty) when the diff did not apply."""
+
+    runs: list[SuiteRun]
+    apply_error: str | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        return any(r.timed_out for r in self.runs)
+
+
+def suite_command(profile: RepoProfile, timeout: int) -> str:
+    """The test run: the image's environment, then the profile's test command under `timeout` (KILL)."""
+    pre = f"{profile.pre_test} && " if profile.pre_test else ""
+    return f"{pre}cd /testbed && timeout -s KILL {int(timeout)} bash -c {shlex.quote(profile.test_cmd)}"
+
+
+def _reset(sb, commit: str, patch: str) -> str | None:
+    c = shlex.quote(commit)
+    r = sb.run(f"cd /testbed && git reset -q --hard {c} && git clean -fdq", timeout=SETUP_TIMEOUT)
+    if not r.ok:
+        raise SandboxError(
+            f"resetting /testbed to {commit[:12]} failed (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}",
+            file=sb.template,
+        )
+    if not patch.strip():
+        return None
+    r = sb.run(f"cd /testbed && git apply --binary --whitespace=nowarn {BUG_FILE}", timeout=SETUP_TIMEOUT)
+    if r.ok:
+        return None
+    if r.timed_out or r.exit_code < 0:
+        raise SandboxError("git apply did not finish", file=sb.template)
+    return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()[-500:]}"
+
+
+def run_suite(
+    provider: Provider,
+    template: str,
+    profile: RepoProfile,
+    commit: str,
+    *,
+    parser: Callable[..., Any],
+    patch: str = "",
+    runs: int = 2,
+    timeout: int | None = None,
+) -> SuiteResult:
+    """Apply `patch` at `commit` in one fresh sandbox and run the suite `runs` times; raises SandboxError
+    when the sandbox fails (an infrastructure fault, for the caller to retry)."""
+    if runs < 1:
+        raise SmithError("runs must be at least 1", field="validation.runs")
+    timeout = int(timeout or profile.timeout_sec)
+    cmd = suite_command(profile, timeout)
+    out: list[SuiteRun] = []
+    sb = provider.create(
+        template,
+        timeout=SETUP_TIMEOUT + runs * (timeout + 120),
+        metadata={"purpose": "smith_validation", "repo": profile.repo},
+    )
+    try:
+        if profile.install:
+            r = sb.run(f"cd /testbed && {' && '.join(profile.install)}", timeout=SETUP_TIMEOUT)
+            if not r.ok:
+                raise SandboxError(f"install commands failed (exit {r.exit_code})", file=template)
+        if patch.strip():
+            sb.write_file(BUG_FILE, patch.encode("utf-8"))
+        with tempfile.TemporaryDirectory(prefix="sweflow-smith-") as tmp:
+            for i in range(runs):
+                failed = _reset(sb, commit, patch)
+                if failed is not None:
+                    return SuiteResult([], failed)
+                path = os.path.join(tmp, f"run-{i}.log")
+                t0 = time.monotonic()
+                res = sb.run_logged(cmd, path, timeout=timeout + 60)
+                text = open(path, encoding="utf-8", errors="replace").read() if os.path.exists(path) else ""
+                killed = res.timed_out or res.exit_code in (124, 137)
+                statuses = {} if killed else driver.call_parser(parser, text, None)
+                out.append(
+                    SuiteRun(
+                        dict(statuses),
+                        res.exit_code,
+                        killed,
+                        round(time.monotonic() - t0, 3),
+                        text[-TAIL_CHARS:],
+                    )
+                )
+                if killed:
+                    break
+    finally:
+        try:
+            sb.kill()
+        except Exception as exc:  # noqa: BLE001 - the result stands; the leak is logged
+            log.warning("killing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
+    return SuiteResult(out)
+
+
+def reference_run(
+    provider: Provider,
+    template: str,
+    profile: RepoProfile,
+    commit: str,
+    *,
+    parser: Callable[..., Any],
+    runs: int = 2,
+    attempts: int = 2,
+) -> SuiteResult:
+    """The reference: the whole suite `runs` times at `commit` (reference timeout), retried on a sandbox
+    fault."""
+    return retry(
+        lambda: run_suite(
+            provider,
+            template,
+            profile,
+            commit,
+            parser=parser,
+            runs=runs,
+            timeout=profile.reference_timeout_sec,
+        ),
+        attempts=attempts,
+        backoff=1.0,
+        what=f"reference run of {profile.repo}",
+    )
+
+
+def stable_statuses(runs: Sequence[Mapping[str, str]]) -> tuple[dict[str, str], list[str]]:
+    """Tests whose status is the same in every run (absent counts as a status), and the unstable ones."""
+    names = sorted(set().union(*[set(r) for r in runs])) if runs else []
+    stable, flaky = {}, []
+    for name in names:
+        seen = {r.get(name, ABSENT) for r in runs}
+        if len(seen) == 1:
+            stable[name] = seen.pop()
+        else:
+            flaky.append(name)
+    return stable, flaky
+
+
+def reference_verdict(result: SuiteResult, profile: RepoProfile) -> dict[str, Any]:
+    """Is the reference usable? The parser found tests, none timed out, and the stable passing share is at
+    least `min_pass_share`. Returns {ok, reason, passed (stable PASSED tests), flaky, tests, share}."""
+    runs = [r.statuses for r in result.runs]
+    stable, flaky = stable_statuses(runs)
+    passed = sorted(t for t, s in stable.items() if s == PASSED)
+    total = len(set().union(*[set(r) for r in runs])) if runs else 0
+    share = len(passed) / total if total else 0.0
+    reason = None
+    if result.apply_error:
+        reason = result.apply_error
+    elif result.timed_out:
+        reason = f"the reference run passed its timeout ({profile.reference_timeout_sec} s)"
+    elif total == 0:
+        reason = f"the parser {profile.log_parser} found no tests in the reference log"
+    elif share < profile.min_pass_share:
+        reason = f"only {share:.0%} of {total} tests pass (need {profile.min_pass_share:.0%})"
+    return {
+        "ok": reason is None,
+        "reason": reason,
+        "tests": total,
+        "passed": passed,
+        "flaky": flaky,
+        "share": round(share, 4),
+    }
+
+
+def classify(reference_passed: Sequence[str], bug_runs: Sequence[Mapping[str, str]]) -> dict[str, list[str]]:
+    """F2P / P2P over the reference's stable passes; tests unstable under the bug go to `flaky`."""
+    f2p, p2p, flaky = [], [], []
+    for test in sorted(reference_passed):
+        seen = {r.get(test, ABSENT) for r in bug_runs}
+        if len(seen) > 1:
+            flaky.append(test)
+        elif seen == {PASSED}:
+            p2p.append(test)
+        else:
+            f2p.append(test)
+    return {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "flaky": flaky}
+
+
+def validate_candidate(
+    provider: Provider,
+    template: str,
+    profile: RepoProfile,
+    commit: str,
+    cand: Candidate,
+    reference: Mapping[str, Any],
+    *,
+    parser: Callable[..., Any],
+    runs: int = 2,
+    attempts: int = 2,
+    require_p2p: bool = True,
+) -> dict[str, Any]:
+    """The report of one candidate: status (kept / no_fail_to_pass / no_pass_to_pass / timeout /
+    apply_failed / error), F2P, P2P, flaky tests, per-run exit codes and seconds, the failing output tail."""
+    base = {"instance_id": cand.instance_id, "strategy": cand.strategy, "files": list(cand.files)}
+    t0 = time.monotonic()
+    try:
+        res = retry(
+            lambda: run_suite(
+                provider, template, profile, commit, parser=parser, patch=cand.patch, runs=runs
+            ),
+            attempts=attempts,
+            backoff=1.0,
+            what=f"validation of {cand.instance_id}",
+        )
+    except Exception as exc:  # noqa: BLE001 - an infrastructure fault is reported, never a verdict
+        return {**base, "status": ERROR, "error": f"{type(exc).__name__}: {exc}"[:500], "seconds": _since(t0)}
+    runs_info = [{"exit_code": r.exit_code, "seconds": r.seconds, "timed_out": r.timed_out} for r in res.runs]
+    if res.apply_error:
+        return {**base, "status": APPLY_FAILED, "error": res.apply_error, "seconds": _since(t0)}
+    if res.timed_out:
+        return {**base, "status": TIMEOUT, "runs": runs_info, "seconds": _since(t0)}
+    split = classify(reference["passed"], [r.statuses for r in res.runs])
+    if not split["FAIL_TO_PASS"]:
+        status = NO_F2P
+    elif require_p2p and not split["PASS_TO_PASS"]:
+        status = NO_P2P
+    else:
+        status = KEPT
+    report = {**base, "status": status, **split, "runs": runs_info, "seconds": _since(t0)}
+    if status == KEPT:
+        report["failing_output"] = res.runs[-1].tail
+    return report
+
+
+def _since(t0: float) -> float:
+    return round(time.monotonic() - t0, 3)
