@@ -10,6 +10,7 @@ if not workflow.config_settings.configfiles:
 
 
 include: "rules/common.smk"
+include: "rules/smith.smk"
 include: "rules/data.smk"
 include: "rules/sandbox.smk"
 include: "rules/validate.smk"
@@ -35,6 +36,7 @@ rule all:
         ),
         e2e=E2E_TARGETS,
         train=TRAIN_TARGETS,
+        smith=SMITH_TARGETS,
 
 
 rule data:

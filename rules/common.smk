@@ -1,11 +1,17 @@
 import json
+import re
 import sys
 
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import min_version
 
 from sweflow.config import workflow_config
-from sweflow.stages.common import model_dir_name
+from sweflow.stages.common import (
+    SMITH_FIRST_STRATEGIES,
+    model_dir_name,
+    profile_entries,
+    smith_harness,
+)
 from sweflow.errors import ConfigError
 from sweflow.util import redact
 
@@ -26,6 +32,40 @@ except ConfigError as _exc:
 
 DATASET = config["dataset"]["name"]
 SPLITS = config["dataset"]["select_splits"] or list(config["dataset"]["splits"])
+# Where the main dataset's split files come from: the Hub (download) or the SWE-smith branch (rules/smith.smk).
+FROM_SMITH = config["dataset"]["source"] == "smith"
+# The synthesized dataset: the main one (dataset.source smith) or a second one beside it (smith.enabled).
+SMITH_DATASET = DATASET if FROM_SMITH else config["smith"]["dataset"]
+SMITH_ON = FROM_SMITH or config["smith"]["enabled"]
+SMITH_SPLIT = "train"
+# Per-dataset settings of the data and validate rules: every dataset the run processes (the main one, and
+# the synthesized one when SWE-smith runs beside it). Synthesized rows are raw SWE-Gym rows of one split.
+DATASETS = {
+    DATASET: {
+        "splits": [SMITH_SPLIT] if FROM_SMITH else SPLITS,
+        "rows": (
+            {}
+            if FROM_SMITH
+            else {k: v.get("rows") for k, v in config["dataset"]["splits"].items()}
+        ),
+        "shape": "raw" if FROM_SMITH else config["dataset"]["row_shape"],
+        "limit": None if FROM_SMITH else config["dataset"]["limit"],
+        "naming": config["images"],
+        "harness": config["harness"],
+    }
+}
+if SMITH_ON and not FROM_SMITH:
+    DATASETS[SMITH_DATASET] = {
+        "splits": [SMITH_SPLIT],
+        "rows": {},
+        "shape": "raw",
+        "limit": None,
+        "naming": {**config["images"], "prefix": "sweflow-smith/sweb.eval.x86_64."},
+        "harness": config["harness"],
+    }
+HUB_DATASETS = [] if FROM_SMITH else [DATASET]
+# a pattern that matches no name when every dataset is synthesized
+HUB_WILDCARD = "|".join(re.escape(d) for d in HUB_DATASETS) or "(?!)"
 PROVIDER = config["sandbox"]["provider"]
 # Snakemake records params in clear (.snakemake/metadata): an endpoint goes in without its credentials,
 # and the scripts read the real one from config at run time.
@@ -33,7 +73,7 @@ HUB_ENDPOINT_PARAM = redact(config["dataset"]["hub"]["endpoint"] or "") or None
 
 
 wildcard_constraints:
-    dataset=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+    dataset="|".join(re.escape(d) for d in DATASETS),
     split=r"[A-Za-z0-9_-]+",
     key=r"[A-Za-z0-9][A-Za-z0-9._-]*",
     provider=r"local|docker|e2b",
@@ -63,7 +103,19 @@ def offline_files(wildcards):
 
 
 def expected_rows(wildcards):
-    return config["dataset"]["splits"][wildcards.split].get("rows")
+    return DATASETS[wildcards.dataset]["rows"].get(wildcards.split)
+
+
+def dataset_setting(key):
+    """An input/params function: the per-dataset setting `key` of the wildcards' dataset (DATASETS)."""
+    return lambda wildcards: DATASETS[wildcards.dataset][key]
+
+
+def dataset_files(pattern):
+    """An input function: `pattern` (with {dataset} and {split}) for every split of the wildcards' dataset."""
+    return lambda wildcards: expand(
+        pattern, dataset=wildcards.dataset, split=DATASETS[wildcards.dataset]["splits"]
+    )
 
 
 def image_keys(wildcards):
@@ -84,9 +136,17 @@ def _source_hash():
 SWEFLOW_SOURCE_HASH = _source_hash()
 
 
+def task_repos(wildcards):
+    """repo -> the bare repository of its synthesized task states, for the synthesized dataset's images."""
+    return SMITH_TASK_REPOS if wildcards.dataset == SMITH_DATASET and SMITH_ON else {}
+
+
 def template_inputs(wildcards):
-    """A template build needs its image record and, unless images are prebuilt, the shared artifacts."""
+    """A template build needs its image record and, unless images are prebuilt, the shared artifacts (and
+    for a synthesized task, the repositories that hold task states)."""
     inputs = {"image": f"results/{wildcards.dataset}/images/{wildcards.key}.json"}
+    for n, path in enumerate(sorted(task_repos(wildcards).values())):
+        inputs[f"tasks_git_{n}"] = path
     if not config["sandbox"]["prebuilt"]:
         version = config["sandbox"]["claude_code_version"]
         inputs["claude"] = f"resources/sandbox/claude-code/{version}/claude.json"
@@ -132,11 +192,11 @@ def reopen_error_summaries():
     from sweflow.stages.common import reopen_error_summaries as reopen
 
     reopen(
-        expand(
-            "results/{dataset}/{split}/validation-summary.json",
-            dataset=DATASET,
-            split=SPLITS,
-        )
+        [
+            f"results/{name}/{split}/validation-summary.json"
+            for name, ds in DATASETS.items()
+            for split in ds["splits"]
+        ]
     )
 
 
@@ -172,3 +232,53 @@ def grpo_model(wildcards):
 
 def grpo_megatron(wildcards):
     return [f"models/{MODEL_NAME}/torch_dist"] if USE_MEGATRON else []
+
+
+# ----- SWE-smith (rules/smith.smk)
+SMITH = config["smith"]
+SMITH_PROFILES = profile_entries(SMITH["repos"]) if SMITH_ON else {}
+SMITH_TASK_REPOS = {
+    p.repo: f"results/smith/{name}/tasks.git" for name, p in SMITH_PROFILES.items()
+}
+SMITH_FIRST = [s for s in SMITH_FIRST_STRATEGIES if SMITH["strategies"][s]["enabled"]]
+SMITH_ALL = SMITH_FIRST + (
+    ["combine"] if SMITH["strategies"]["combine"]["enabled"] else []
+)
+if SMITH_ON:
+    DATASETS[SMITH_DATASET]["harness"] = smith_harness(
+        config["harness"], SMITH_PROFILES.values()
+    )
+SMITH_TARGETS = (
+    [f"results/smith/{name}/summary.json" for name in SMITH_PROFILES]
+    + [
+        f"results/{SMITH_DATASET}/{SMITH_SPLIT}/{name}"
+        for name in ("validation-summary.json", "tasks.valid.jsonl")
+    ]
+    if SMITH_ON
+    else []
+)
+
+
+def smith_files(pattern, strategies):
+    """An input function: `pattern` ({profile}, {strategy}, {shard}) for every shard of `strategies`."""
+    return lambda wildcards: [
+        pattern.format(profile=wildcards.profile, strategy=s, shard=i)
+        for s in strategies
+        for i in range(SMITH["strategies"][s]["shards"])
+    ]
+
+
+def candidate_inputs(wildcards):
+    """Every strategy needs the repository; combine also needs the validated first-strategy candidates."""
+    inputs = {
+        "env": f"results/smith/{wildcards.profile}/env.json",
+        "bare": f"results/smith/{wildcards.profile}/repo.git",
+    }
+    if wildcards.strategy == "combine":
+        inputs["validated"] = smith_files(
+            "results/smith/{profile}/validation/{strategy}/{shard}.jsonl", SMITH_FIRST
+        )(wildcards)
+        inputs["validated_candidates"] = smith_files(
+            "results/smith/{profile}/candidates/{strategy}/{shard}.jsonl", SMITH_FIRST
+        )(wildcards)
+    return inputs

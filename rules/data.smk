@@ -8,6 +8,8 @@ rule resolve_dataset:
         revision="resources/datasets/{dataset}/revision.json",
     log:
         "logs/{dataset}/resolve_dataset.log",
+    wildcard_constraints:
+        dataset=HUB_WILDCARD,
     localrule: True
     conda:
         "../envs/data.yaml"
@@ -33,6 +35,8 @@ rule download:
         parquet="resources/datasets/{dataset}/{split}.parquet",
     log:
         "logs/{dataset}/download/{split}.log",
+    wildcard_constraints:
+        dataset=HUB_WILDCARD,
     retries: 1
     localrule: True
     conda:
@@ -60,7 +64,7 @@ rule validate_split:
         "../envs/data.yaml"
     params:
         expected_rows=expected_rows,
-        shape=config["dataset"]["row_shape"],
+        shape=dataset_setting("shape"),
         max_problem_statement_chars=config["dataset"]["max_problem_statement_chars"],
     script:
         "../scripts/validate_split.py"
@@ -68,8 +72,8 @@ rule validate_split:
 
 checkpoint list_images:
     input:
-        parquets=expand("resources/datasets/{{dataset}}/{split}.parquet", split=SPLITS),
-        reports=expand("results/{{dataset}}/{split}/rows.report.json", split=SPLITS),
+        parquets=dataset_files("resources/datasets/{dataset}/{split}.parquet"),
+        reports=dataset_files("results/{dataset}/{split}/rows.report.json"),
     output:
         images=directory("results/{dataset}/images"),
         listing="results/{dataset}/images.txt",
@@ -80,10 +84,10 @@ checkpoint list_images:
     conda:
         "../envs/data.yaml"
     params:
-        splits=SPLITS,
-        naming=config["images"],
-        shape=config["dataset"]["row_shape"],
-        limit=config["dataset"]["limit"],
+        splits=dataset_setting("splits"),
+        naming=dataset_setting("naming"),
+        shape=dataset_setting("shape"),
+        limit=dataset_setting("limit"),
     script:
         "../scripts/list_images.py"
 
@@ -118,13 +122,13 @@ rule convert:
     conda:
         "../envs/data.yaml"
     params:
-        shape=config["dataset"]["row_shape"],
-        limit=config["dataset"]["limit"],
+        shape=dataset_setting("shape"),
+        limit=dataset_setting("limit"),
         max_problem_statement_chars=config["dataset"]["max_problem_statement_chars"],
         provider=PROVIDER,
-        harness=config["harness"],
+        harness=dataset_setting("harness"),
         agent=config["agent"],
         sandbox_timeout_sec=config["sandbox"]["timeout_sec"],
-        naming=config["images"],
+        naming=dataset_setting("naming"),
     script:
         "../scripts/convert.py"

@@ -39,6 +39,7 @@ rule build_template:
         "../envs/sandbox.yaml"
     params:
         sandbox=config["sandbox"],
+        task_repos=task_repos,
     script:
         "../scripts/build_template.py"
 

@@ -22,7 +22,7 @@ checkpoint validation_tasks:
     conda:
         "../envs/agent.yaml"
     params:
-        shape=config["dataset"]["row_shape"],
+        shape=dataset_setting("shape"),
     script:
         "../scripts/validation_tasks.py"
 

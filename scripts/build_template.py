@@ -11,4 +11,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/build_template.py"):
         cfg=smk.params.sandbox,
         claude_record=smk.input.get("claude"),
         wheel_record=smk.input.get("wheel"),
+        task_repos=smk.params.task_repos,
     )

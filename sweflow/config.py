@@ -268,8 +268,52 @@ def _train_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
         )
 
 
+def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
+    """Synthesized tasks form one split, `train`; the repository profiles must load (one line each)."""
+    from .errors import SmithError
+    from .smith.profile import load_profile
+
+    ds, smith = cfg["dataset"], cfg["smith"]
+    if ds["source"] == "smith":
+        if cfg["train"].get("enabled") and cfg["train"]["split"] != "train":
+            raise ConfigError(
+                "synthesized tasks form the split 'train'",
+                file=_where(origins, ("train", "split")),
+                field="train.split",
+            )
+        if cfg["e2e"].get("instance"):
+            raise ConfigError(
+                "the scripted e2e check knows the sample's fixes only, not synthesized tasks",
+                file=_where(origins, ("e2e", "instance")),
+                field="e2e.instance",
+                hint="set e2e.instance: null (and train.warm_start.enabled: false) with dataset.source smith",
+            )
+    elif smith["enabled"] and smith["dataset"] == ds["name"]:
+        raise ConfigError(
+            f"the synthesized dataset needs its own name, not the main dataset's {ds['name']!r}",
+            file=_where(origins, ("smith", "dataset")),
+            field="smith.dataset",
+            hint="or set dataset.source: smith to make it the main dataset",
+        )
+    if ds["source"] == "smith" or smith["enabled"]:
+        for i, entry in enumerate(smith["repos"]):
+            try:
+                load_profile(entry)
+            except SmithError as exc:
+                where = exc.file if isinstance(entry, str) else _where(origins, ("smith", "repos", str(i)))
+                raise ConfigError(exc.problem, file=where, field=exc.field or f"smith.repos.{i}") from None
+        combine = smith["strategies"]["combine"]
+        if combine["max_bugs"] < combine["min_bugs"]:
+            raise ConfigError(
+                "max_bugs is below min_bugs",
+                file=_where(origins, ("smith", "strategies", "combine", "max_bugs")),
+                field="smith.strategies.combine.max_bugs",
+            )
+
+
 def _semantic_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     _train_checks(cfg, origins)
+    _smith_checks(cfg, origins)
     ds = cfg["dataset"]
     for i, name in enumerate(ds.get("select_splits") or []):
         if name not in ds["splits"]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import SmithError
 from .candidates import Candidate
-from .gitrepo import apply_patch, checkout, git_out, is_test_path, run_git
+from .gitrepo import apply_diff, checkout, git_out, is_test_path, run_git
 from .profile import RepoProfile
 
 TASK_REF = "refs/heads/tasks/"
@@ -40,7 +40,7 @@ ROW_COLUMNS = (
 )
 
 
-def test_files_of(tests: Iterable[str]) -> list[str]:
+def files_of_tests(tests: Iterable[str]) -> list[str]:
     """The files of pytest-style test ids (`path::name[param]`), sorted."""
     return sorted({t.split("::", 1)[0] for t in tests if "::" in t})
 
@@ -84,9 +84,9 @@ def gather(
         for cand, report in kept:
             run_git(tree, "reset", "-q", "--hard", commit)
             run_git(tree, "clean", "-fdq")
-            apply_patch(tree, cand.patch)
+            apply_diff(tree, cand.patch)
             f2p = list(report["FAIL_TO_PASS"])
-            hidden = [f for f in test_files_of(f2p) if (tree / f).exists()]
+            hidden = [f for f in files_of_tests(f2p) if (tree / f).exists()]
             if not hidden:
                 raise SmithError("no FAIL_TO_PASS test file exists in the tree", row=cand.instance_id)
             for f in hidden:

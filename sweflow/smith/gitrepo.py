@@ -7,16 +7,18 @@ commits made here (the bugged task states) have the same shas on every machine.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import subprocess
-from pathlib import Path, PurePosixPath
+from dataclasses import replace
+from pathlib import Path
 
 from ..errors import SmithError
+from ..grading.integrity import DEFAULT_RULES
+from ..grading.integrity import is_test_path as _is_test_path
 from ..sample.repo import GIT_OPTIONS, git_env
 from ..util import run_cmd
-
-_TEST_DIRS = {"tests", "test", "specs", "testing"}
 
 
 def run_git(
@@ -43,22 +45,24 @@ def git_out(repo: str | os.PathLike, *args: str, **kw) -> str:
 
 def checkout(src: str | os.PathLike, commit: str, dest: str | os.PathLike) -> Path:
     """A working copy of `src` (a repository or a bare one) at `commit`, detached, without remotes."""
-    dest = Path(dest)
+    dest = Path(dest).resolve()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    run_git(dest.parent, "clone", "-q", "--no-checkout", "--no-hardlinks", str(src), str(dest), timeout=600)
+    src = os.path.abspath(src)
+    run_git(dest.parent, "clone", "-q", "--no-checkout", "--no-hardlinks", src, str(dest), timeout=600)
     run_git(dest, "checkout", "-q", "--detach", commit)
     run_git(dest, "remote", "remove", "origin", check=False)
     return dest
 
 
-def is_test_path(path: str) -> bool:
-    """The SWE-smith test-file heuristic: the name starts with `test`, the stem ends with `test`, or a folder
-    on the path is tests/test/specs/testing; conftest.py is test infrastructure."""
-    p = PurePosixPath(path)
-    stem = p.stem.lower()
-    if p.name == "conftest.py" or stem.startswith("test") or stem.endswith("test") or stem.endswith("_tests"):
-        return True
-    return any(part.lower() in _TEST_DIRS for part in p.parts[:-1])
+# The SWE-smith test-file heuristic on top of the integrity rules' own: a name starting with `test`, a stem
+# ending in `_test`, or a tests/test/testing/specs folder on the path; conftest.py is test infrastructure.
+# (Upstream's "stem ends with test" would also take latest.py or contest.py.)
+TEST_RULES = replace(
+    DEFAULT_RULES,
+    test_dir_names=(*DEFAULT_RULES.test_dir_names, "specs"),
+    test_file_globs=(*DEFAULT_RULES.test_file_globs, "test*.py"),
+)
+is_test_path = functools.partial(_is_test_path, rules=TEST_RULES)
 
 
 def tracked_files(tree: str | os.PathLike, commit: str = "HEAD") -> list[str]:
@@ -92,7 +96,7 @@ def applies(tree: str | os.PathLike, patch: str, *, reverse: bool = False) -> bo
     return run_git(tree, *args, input=patch, check=False).returncode == 0
 
 
-def apply_patch(tree: str | os.PathLike, patch: str, *, reverse: bool = False) -> None:
+def apply_diff(tree: str | os.PathLike, patch: str, *, reverse: bool = False) -> None:
     """`git apply` (binary-safe) in `tree`; raises SmithError when it does not apply."""
     args = ["apply", "--whitespace=nowarn", "--binary"] + (["-R"] if reverse else []) + ["-"]
     res = run_git(tree, *args, input=patch, check=False)

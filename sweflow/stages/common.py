@@ -5,9 +5,12 @@ imports its domain module only when called."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..dataset.images import image_key
+from ..smith.candidates import FIRST_STRATEGIES as SMITH_FIRST_STRATEGIES  # noqa: F401 - for rules/smith.smk
 
 
 def image_keys_from_listing(listing: str | os.PathLike) -> list[str]:
@@ -51,3 +54,39 @@ def reopen_error_summaries(summaries: list[str]) -> list[str]:
     from .validate import reopen_summaries
 
     return reopen_summaries(summaries)
+
+
+def profile_entries(repos: Sequence[Any], base: str | os.PathLike = ".") -> dict[str, Any]:
+    """name -> profile for the configured `smith.repos` (names must be unique)."""
+    from ..errors import SmithError
+    from ..smith.profile import load_profile
+
+    out: dict[str, Any] = {}
+    for entry in repos:
+        prof = load_profile(entry, base=base)
+        if prof.name in out:
+            raise SmithError(f"two repository profiles are named {prof.name!r}", field="smith.repos")
+        out[prof.name] = prof
+    return out
+
+
+def smith_harness(harness: Mapping[str, Any], profiles: Iterable[Any]) -> dict[str, Any]:
+    """The `harness` config section for the synthesized dataset: the configured one, plus each profile's
+    spec and parser for a repository it does not know (the sample's repository is known as "sample")."""
+    from ..sample import HARNESS_SPECS
+
+    extra = harness.get("extra_repos")
+    known = set(HARNESS_SPECS) if extra == "sample" else set(extra or {})
+    new = [p for p in profiles if p.repo not in known]
+    if not new:
+        return dict(harness)
+    specs: dict[str, Any] = dict(HARNESS_SPECS) if extra == "sample" else dict(extra or {})
+    parsers = dict(harness.get("extra_parsers") or {})
+    if extra == "sample":
+        from ..sample import HARNESS_PARSERS
+
+        parsers = {**HARNESS_PARSERS, **parsers}
+    for p in new:
+        specs.update(p.harness_spec())
+        parsers[p.repo] = p.log_parser
+    return {**harness, "extra_repos": specs, "extra_parsers": parsers}

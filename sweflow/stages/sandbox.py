@@ -65,9 +65,12 @@ def build_template_step(
     cfg: Mapping[str, Any],
     claude_record: str | os.PathLike | None = None,
     wheel_record: str | os.PathLike | None = None,
+    task_repos: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Build (or reuse) the template of one task image and write its record; a failed build writes a failure
-    record (ok: false, step, error) instead of raising, so one broken image never stops the others."""
+    record (ok: false, step, error) instead of raising, so one broken image never stops the others.
+    `task_repos` (repo -> local bare repository of synthesized task states, from gather_tasks): the
+    image's repository comes from there instead of a registry."""
     rec = read_json(image_file)
     image = rec["image"]
     if cfg.get("prebuilt"):
@@ -88,7 +91,7 @@ def build_template_step(
     )
     with tempfile.TemporaryDirectory(prefix="sweflow-src-") as tmp:
         try:
-            source = _template_source(rec, provider, cfg, Path(tmp))
+            source = _template_source(rec, provider, cfg, Path(tmp), task_repos or {})
         except SandboxError as exc:
             return write_build_record(out, image=image, provider=provider, step="task_image", error=str(exc))
         prov = provider_from_config(provider, cfg, purpose="build")
@@ -99,15 +102,25 @@ def build_template_step(
     return data
 
 
-def _template_source(rec: dict[str, Any], provider: str, cfg: Mapping[str, Any], tmp: Path) -> dict[str, Any]:
+def _template_source(
+    rec: dict[str, Any], provider: str, cfg: Mapping[str, Any], tmp: Path, task_repos: Mapping[str, str]
+) -> dict[str, Any]:
     """Where a template's repository comes from. Task images from a registry carry it at /testbed; the
-    embedded sample's images are built here from the sample repository (no registry needed)."""
+    embedded sample's images are built here from the sample repository, and synthesized tasks' images from
+    a repository holding only their own task commit (no registry needed)."""
     from ..sample import REPO_NAME, materialize_repo
 
-    if rec["repo"] != REPO_NAME:
-        return {}
     commit = rec["instances"][0]["base_commit"]
-    repo = materialize_repo(tmp / "calclib").path
+    if rec["repo"] in task_repos:
+        from ..smith.gather import task_repository
+
+        repo, commit = task_repository(
+            task_repos[rec["repo"]], rec["instances"][0]["instance_id"], tmp / "task"
+        )
+    elif rec["repo"] == REPO_NAME:
+        repo = materialize_repo(tmp / "calclib").path
+    else:
+        return {}
     if provider == "local":
         return {"repo": repo, "commit": commit}
     if provider == "docker":

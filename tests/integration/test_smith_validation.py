@@ -178,3 +178,30 @@ def test_gathered_tasks_are_valid_swebench_rows(env, tmp_path):
             (r["patch"], r["failure_reason"], r.get("output_tail", "")[-1500:]) for r in rec["runs"]
         ]
         assert rec["gold"] == {"resolved": 1, "runs": 1} and rec["empty"] == {"resolved": 0, "runs": 1}
+
+
+def test_repository_whose_reference_fails_is_reported_and_skipped(tmp_path):
+    """A reference run whose parser finds no tests (the upstream defect that silently lost half the
+    repositories) makes the repository `ok: false` with the reason; its strategies and gather run and
+    report it, producing nothing, and nothing raises."""
+    from sweflow.stages.smith import bug_candidates_step, gather_step, repo_env_step
+    from sweflow.util import read_json
+
+    why = bwrap_available()
+    if why:
+        pytest.skip(why)
+    sample_harness()
+    prof = load_profile({"name": "calclib", "repo": "sweflow/calclib", "source": "sample",
+                         "test_cmd": "pytest -rA -k no_such_test"})  # fmt: skip
+    cfg = {"local": {"templates_root": str(tmp_path / "templates")}}
+    env = repo_env_step(prof, tmp_path / "repo.git", tmp_path / "env.json", provider="local", sandbox_cfg=cfg,
+                        runs=2, harness_package="swebench")  # fmt: skip
+    assert env["ok"] is False and "found no tests" in env["reference"]["reason"]
+    smith = {"seed": 0, "strategies": {"procedural": {"shards": 1, "per_entity": 1, "min_complexity": 3}}}
+    rep = bug_candidates_step("procedural", 0, tmp_path / "env.json", tmp_path / "repo.git",
+                              tmp_path / "c.jsonl", tmp_path / "c.report.json", smith=smith)  # fmt: skip
+    assert rep["candidates"] == 0 and rep["repository_ok"] is False
+    summary = gather_step(tmp_path / "env.json", tmp_path / "repo.git", [], [str(tmp_path / "c.jsonl")],
+                          tmp_path / "tasks.jsonl", tmp_path / "tasks.git", tmp_path / "summary.json")  # fmt: skip
+    assert summary["repository_ok"] is False and summary["tasks"] == 0
+    assert read_json(tmp_path / "summary.json")["reference"]["reason"] == env["reference"]["reason"]
