@@ -19,7 +19,7 @@ rule repo_env:
     log:
         "logs/smith/{profile}/repo_env.log",
     conda:
-        "../envs/agent.yaml"
+        "../envs/smith.yaml"
     params:
         profile=lambda wildcards: SMITH_PROFILES[wildcards.profile].to_dict(),
         provider=PROVIDER,
@@ -39,7 +39,7 @@ rule bug_candidates:
     log:
         "logs/smith/{profile}/bug_candidates/{strategy}/{shard}.log",
     conda:
-        "../envs/agent.yaml"
+        "../envs/smith.yaml"
     params:
         # recorded in clear: the LM endpoint's credentials redacted (the script reads the real section)
         smith=redacted(SMITH),
@@ -56,7 +56,7 @@ rule validate_candidates:
     log:
         "logs/smith/{profile}/validate_candidates/{strategy}/{shard}.log",
     conda:
-        "../envs/agent.yaml"
+        "../envs/smith.yaml"
     threads: SMITH["validation"]["parallel"]
     params:
         provider=PROVIDER,
@@ -87,7 +87,7 @@ rule gather_tasks:
     log:
         "logs/smith/{profile}/gather_tasks.log",
     conda:
-        "../envs/agent.yaml"
+        "../envs/smith.yaml"
     script:
         "../scripts/gather_tasks.py"
 
@@ -100,7 +100,7 @@ rule problem_statements:
     log:
         "logs/smith/problem_statements/{shard}.log",
     conda:
-        "../envs/agent.yaml"
+        "../envs/smith.yaml"
     params:
         shards=SMITH["statements"]["shards"],
         attempts=SMITH["statements"]["attempts"],
@@ -123,6 +123,6 @@ rule smith_dataset:
         f"logs/smith/smith_dataset-{SMITH_DATASET}.log",
     localrule: True
     conda:
-        "../envs/agent.yaml"
+        "../envs/smith.yaml"
     script:
         "../scripts/smith_dataset.py"

@@ -127,7 +127,17 @@ def gather(
         part = Path(tmp) / "tasks.git"
         run_git(Path(tmp), "init", "-q", "--bare", "--template=", str(part))
         if rows:
-            run_git(tree, "push", "-q", str(part), f"{TASK_REF}*:{TASK_REF}*", timeout=1800)
+            # one packing thread: the same tasks give the same pack, byte for byte
+            run_git(
+                tree,
+                "-c",
+                "pack.threads=1",
+                "push",
+                "-q",
+                str(part),
+                f"{TASK_REF}*:{TASK_REF}*",
+                timeout=1800,
+            )
         if tasks_git.exists():
             shutil.rmtree(tasks_git)
         os.replace(part, tasks_git)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import tempfile
 import time
@@ -282,8 +283,17 @@ def validate_candidate(
         status = KEPT
     report = {**base, "status": status, **split, "runs": runs_info, "seconds": _since(t0)}
     if status == KEPT:
-        report["failing_output"] = res.runs[-1].tail
+        report["failing_output"] = _untimed(res.runs[-1].tail)
     return report
+
+
+_DURATION_RE = re.compile(r"^(=+ .*\bin )\d+(?:\.\d+)?s( \(\d+:\d+:\d+\))?( =+)$", re.M)
+
+
+def _untimed(text: str) -> str:
+    """The output without the runner's own duration (pytest's summary line), so that the same failure gives
+    the same text, and the same problem statement, on every run."""
+    return _DURATION_RE.sub(r"\1<duration>\3", text)
 
 
 def _since(t0: float) -> float:

@@ -205,3 +205,35 @@ def test_repository_whose_reference_fails_is_reported_and_skipped(tmp_path):
                           tmp_path / "tasks.jsonl", tmp_path / "tasks.git", tmp_path / "summary.json")  # fmt: skip
     assert summary["repository_ok"] is False and summary["tasks"] == 0
     assert read_json(tmp_path / "summary.json")["reference"]["reason"] == env["reference"]["reason"]
+
+
+@pytest.mark.docker
+def test_docker_environment_and_validation(tmp_path):
+    """The same branch with the Docker provider: the environment image is built from the bare repository on
+    the locally built Debian base, the reference passes, and a bug is kept with its F2P."""
+    from sweflow.sandbox.registry import provider_from_config
+    from sweflow.stages.smith import repo_env_step
+    from tests.integration.conftest_validation import docker_available
+
+    why = docker_available()
+    if why:
+        pytest.skip(why)
+    harness = sample_harness()
+    prof = load_profile({"name": "calclib", "repo": "sweflow/calclib", "source": "sample", "timeout_sec": 60})
+    cfg = {"docker": {"cpus": 1, "mem_mb": 1024}}
+    env = repo_env_step(prof, tmp_path / "repo.git", tmp_path / "env.json", provider="docker", sandbox_cfg=cfg,
+                        runs=2, harness_package="swebench")  # fmt: skip
+    assert env["ok"], env["reference"]
+    assert env["template"]["image"] == f"sweflow-smith/sweflow__calclib.{env['commit'][:8]}:latest"
+    assert len(env["reference"]["passed"]) == 55
+    tree = checkout(tmp_path / "repo.git", env["commit"], tmp_path / "tree")
+    stats = (tree / STATS).read_text()
+    patch = file_patch(STATS, stats, stats.replace(MEDIAN_BODY, "    return values[0]\n"))
+    cand = make_candidate("sweflow/calclib", env["commit"], "procedural", patch, [STATS], entity="median")
+    rep = validate_candidate(provider_from_config("docker", cfg, purpose="eval"), env["template"]["template"],
+                             prof, env["commit"], cand, env["reference"],
+                             parser=harness.find_parser("parse_log_pytest"), runs=2)  # fmt: skip
+    assert rep["status"] == "kept", rep
+    assert (
+        "tests/test_stats.py::test_median_odd_length" in rep["FAIL_TO_PASS"] and len(rep["PASS_TO_PASS"]) > 40
+    )

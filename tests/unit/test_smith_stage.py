@@ -1,0 +1,79 @@
+"""The smith stage functions without sandboxes: an LM key given by name reaches the endpoint and nothing
+else; the dataset step keeps only tasks with an accepted statement, as a raw-schema parquet."""
+
+from __future__ import annotations
+
+import json
+
+from sweflow.sample import materialize_repo
+from sweflow.smith.candidates import read_candidates, write_jsonl
+from sweflow.smith.env import materialize_source
+from sweflow.smith.gather import ROW_COLUMNS
+from sweflow.smith.profile import load_profile
+from sweflow.smith.scripted_lm import ScriptedLM, offline_responder
+from sweflow.stages.smith import bug_candidates_step, smith_dataset_step
+from sweflow.util import atomic_write_json
+
+KEY = "sk-smith-test-0123456789abcdef0123456789"
+
+
+def test_lm_key_by_name_reaches_the_endpoint_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMITH_TEST_LM_KEY", KEY)
+    prof = load_profile("sample")
+    src = materialize_source(prof, tmp_path / "repo.git")
+    atomic_write_json(tmp_path / "env.json", {"ok": True, "profile": prof.to_dict(), **src})
+    with ScriptedLM(offline_responder, api_key=KEY) as server:
+        smith = {"seed": 0, "strategies": {"lm_modify": {"shards": 1, "max_candidates": 2}},
+                 "lm": {"endpoint": server.url, "api": "openai", "model": "m", "api_key_env": "SMITH_TEST_LM_KEY"}}  # fmt: skip
+        rep = bug_candidates_step("lm_modify", 0, tmp_path / "env.json", tmp_path / "repo.git",
+                                  tmp_path / "c.jsonl", tmp_path / "c.report.json", smith=smith)  # fmt: skip
+        assert len(server.requests) == 2
+    assert rep["candidates"] == 2 and rep["skipped"] == []
+    assert rep["lm"]["model"] == "m" and "api_key_env" not in json.dumps(rep["lm"])
+    for f in (tmp_path / "c.jsonl", tmp_path / "c.report.json"):
+        assert KEY not in f.read_text() and "SMITH_TEST_LM_KEY" not in f.read_text()
+    # without the key the endpoint refuses: every entity is a failure record, no candidate
+    monkeypatch.delenv("SMITH_TEST_LM_KEY")
+    with ScriptedLM(offline_responder, api_key=KEY) as server:
+        smith["lm"]["endpoint"] = server.url
+        rep = bug_candidates_step("lm_modify", 0, tmp_path / "env.json", tmp_path / "repo.git",
+                                  tmp_path / "d.jsonl", tmp_path / "d.report.json", smith=smith)  # fmt: skip
+    assert rep["candidates"] == 0 and len(rep["skipped"]) == 2 and read_candidates(tmp_path / "d.jsonl") == []
+    assert all("SMITH_TEST_LM_KEY (the LM API key) is not set" in s["reason"] for s in rep["skipped"])
+    # a wrong key: the endpoint's 401, named, and the key still in no output
+    monkeypatch.setenv("SMITH_TEST_LM_KEY", "sk-wrong-key-0123456789abcdef")
+    with ScriptedLM(offline_responder, api_key=KEY) as server:
+        smith["lm"]["endpoint"] = server.url
+        rep = bug_candidates_step("lm_modify", 0, tmp_path / "env.json", tmp_path / "repo.git",
+                                  tmp_path / "d.jsonl", tmp_path / "d.report.json", smith=smith)  # fmt: skip
+    assert rep["candidates"] == 0 and all("401" in s["reason"] for s in rep["skipped"]), rep["skipped"]
+    assert "sk-wrong-key" not in (tmp_path / "d.report.json").read_text()
+
+
+def test_dataset_keeps_tasks_with_an_accepted_statement(tmp_path):
+    from sweflow.dataset.splits import load_split
+
+    head = materialize_repo(tmp_path / "r").head
+    base = {c: "" for c in ROW_COLUMNS} | {"repo": "sweflow/calclib", "version": "0.1", "base_commit": head,
+                                           "FAIL_TO_PASS": ["tests/a.py::t"], "PASS_TO_PASS": []}  # fmt: skip
+    rows = [base | {"instance_id": f"sweflow__calclib.{head[:8]}.procedural__0000000{i}", "patch": "p",
+                    "bug_patch": "b", "strategy": "procedural", "meta": {}} for i in range(3)]  # fmt: skip
+    write_jsonl(tmp_path / "tasks.jsonl", rows)
+    statements = [
+        {
+            "instance_id": rows[0]["instance_id"],
+            "problem_statement": "A clear issue text that is long enough.",
+        },
+        {"instance_id": rows[1]["instance_id"], "problem_statement": None, "rejected": [{"attempt": 1}]},
+    ]
+    write_jsonl(tmp_path / "st.jsonl", statements)
+    rep = smith_dataset_step([tmp_path / "tasks.jsonl"], [tmp_path / "st.jsonl"], tmp_path / "train.parquet",
+                             tmp_path / "report.json")  # fmt: skip
+    assert rep["rows"] == 1 and {d["instance_id"] for d in rep["dropped"]} == {
+        rows[1]["instance_id"], rows[2]["instance_id"]}  # fmt: skip
+    instances, report = load_split(tmp_path / "train.parquet", split="train", shape="raw", expected_rows=1)
+    assert instances[0]["problem_statement"].startswith("A clear issue") and report.rows == 1
+    first = (tmp_path / "train.parquet").read_bytes()
+    smith_dataset_step([tmp_path / "tasks.jsonl"], [tmp_path / "st.jsonl"], tmp_path / "train.parquet",
+                       tmp_path / "report.json")  # fmt: skip
+    assert (tmp_path / "train.parquet").read_bytes() == first  # byte-stable
