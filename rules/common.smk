@@ -38,6 +38,8 @@ FROM_SMITH = config["dataset"]["source"] == "smith"
 SMITH_DATASET = DATASET if FROM_SMITH else config["smith"]["dataset"]
 SMITH_ON = FROM_SMITH or config["smith"]["enabled"]
 SMITH_SPLIT = "train"
+if FROM_SMITH:
+    SPLITS = [SMITH_SPLIT]
 # Per-dataset settings of the data and validate rules: every dataset the run processes (the main one, and
 # the synthesized one when SWE-smith runs beside it). Synthesized rows are raw SWE-Gym rows of one split.
 DATASETS = {

@@ -66,7 +66,9 @@ def test_synthesized_dataset_is_converted_and_every_task_validates(embedded_loca
     assert len(jsonl) == len(tasks)
     for line in jsonl:
         assert "patch" not in line["metadata"] or not line["metadata"].get("patch")
-        assert line["metadata"]["sandbox_image"].startswith("sweflow-smith/sweb.eval.x86_64.")
+        assert line["metadata"]["docker_image"].startswith(
+            "sweflow-smith/sweb.eval.x86_64.sweflow_s_calclib."
+        )
     # gold resolves and empty does not, for every synthesized task, in fresh sandboxes of its own commit
     val = read_json(work / "results/smith-calclib/train/validation-summary.json")
     assert val["valid"] == val["tasks"] == len(tasks) and val["broken"] == [] and val["errors"] == [], val
@@ -76,7 +78,7 @@ def test_synthesized_dataset_is_converted_and_every_task_validates(embedded_loca
     assert len(mapping) == len(tasks)
 
 
-def test_smith_outputs_have_provenance_without_secrets(embedded_local_run):
+def test_smith_outputs_have_provenance_and_no_key(embedded_local_run):
     work = embedded_local_run
     for rel in ("results/smith/calclib/env.json", "results/smith/calclib/summary.json",
                 "results/smith/calclib/candidates/procedural/0.jsonl",
@@ -85,4 +87,38 @@ def test_smith_outputs_have_provenance_without_secrets(embedded_local_run):
         rec = read_json(work / ".provenance" / f"{rel}.json")
         assert rec["rule"] in ("repo_env", "gather_tasks", "bug_candidates", "validate_candidates",
                                "smith_dataset"), rel  # fmt: skip
-        assert rec["sha256"]
+        assert rec["artifact"]["path"] == rel and len(rec["artifact"]["sha256"]) == 64
+    # the LM section is recorded (redacted) with its key's variable name only, never a key
+    rec = read_json(work / ".provenance/results/smith/calclib/candidates/lm_modify/0.jsonl.json")
+    lm = rec["params"]["smith"]["lm"]
+    assert lm["endpoint"] == "scripted" and lm["api_key_env"] is None and "api_key" not in lm
+
+
+def test_dataset_source_smith_makes_the_synthesized_tasks_the_main_dataset(tmp_path):
+    """`dataset.source: smith`: no Hub at all; the synthesized split is the dataset, through validation."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import ROOT, snakemake_env
+
+    if not shutil.which("bwrap"):
+        pytest.skip("needs bubblewrap")
+    cfg = tmp_path / "smith-main.yaml"
+    cfg.write_text(
+        "dataset: {name: synth, source: smith}\ne2e: {instance: null}\ntrain: {enabled: false}\n"
+        "smith:\n  strategies:\n    procedural: {max_candidates: 3}\n    lm_modify: {enabled: false}\n"
+        "    lm_rewrite: {enabled: false}\n    pr_mirror: {enabled: false}\n    combine: {enabled: false}\n"
+    )
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
+           "--profile", str(ROOT / "profiles" / "local"), "--workflow-profile", "none",
+           "--configfile", str(ROOT / "config" / "config.yaml"), str(cfg), "--",
+           "results/synth/train/validation-summary.json"]  # fmt: skip
+    work.mkdir()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=snakemake_env(work), timeout=1200)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert not (work / "resources/datasets/synth/revision.json").exists()  # nothing was resolved on a Hub
+    summary = read_json(work / "results/smith/calclib/summary.json")
+    val = read_json(work / "results/synth/train/validation-summary.json")
+    assert val["tasks"] == summary["tasks"] >= 1 and val["valid"] == val["tasks"], val
