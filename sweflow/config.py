@@ -12,6 +12,7 @@ import copy
 import difflib
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -294,6 +295,14 @@ def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
             file=_where(origins, ("smith", "dataset")),
             field="smith.dataset",
             hint="or set dataset.source: smith to make it the main dataset",
+        )
+    key_env = smith["lm"].get("api_key_env")
+    if key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(key_env)):
+        # never echo the value: a key pasted here by mistake must not reach a message, a param or a log
+        raise ConfigError(
+            "must be the name of an environment variable (not the key itself)",
+            file=_where(origins, ("smith", "lm", "api_key_env")),
+            field="smith.lm.api_key_env",
         )
     if ds["source"] == "smith" or smith["enabled"]:
         for i, entry in enumerate(smith["repos"]):

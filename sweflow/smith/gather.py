@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import SmithError
 from .candidates import Candidate
 from .gitrepo import apply_diff, checkout, git_out, is_test_path, run_git
 from .profile import RepoProfile
@@ -73,12 +72,16 @@ def gather(
     date: str,
     kept: Iterable[tuple[Candidate, Mapping[str, Any]]],
     tasks_git: str | os.PathLike,
+    skipped: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Rows (ROW_COLUMNS + `bug_patch`, `strategy`, `meta`, `failing_output`) for each (candidate, kept report), and the
-    bare repository `tasks_git` (replaced) holding one parentless commit per row."""
+    bare repository `tasks_git` (replaced) holding one parentless commit per row. A candidate that cannot
+    become a task (its FAIL_TO_PASS files cannot be hidden, its fix is empty) is appended to `skipped`
+    with the reason; the others go on."""
     tasks_git = Path(tasks_git).resolve()
     bare = Path(bare).resolve()
     rows: list[dict[str, Any]] = []
+    skipped = skipped if skipped is not None else []
     with tempfile.TemporaryDirectory(prefix=".smith-gather-", dir=tasks_git.parent) as tmp:
         tree = checkout(bare, commit, Path(tmp) / "work")
         for cand, report in kept:
@@ -86,9 +89,15 @@ def gather(
             run_git(tree, "clean", "-fdq")
             apply_diff(tree, cand.patch)
             f2p = list(report["FAIL_TO_PASS"])
-            hidden = [f for f in files_of_tests(f2p) if (tree / f).exists()]
-            if not hidden:
-                raise SmithError("no FAIL_TO_PASS test file exists in the tree", row=cand.instance_id)
+            files = files_of_tests(f2p)
+            hidden = [f for f in files if is_test_path(f) and (tree / f).is_file()]
+            if not files or hidden != files:
+                # a test id without a file, a file that is not a test file (a doctest in the source), or
+                # one that is not there: the task could not hide and restore its tests
+                skipped.append(
+                    {"instance_id": cand.instance_id, "reason": "fail_to_pass_files", "files": files}
+                )
+                continue
             for f in hidden:
                 (tree / f).unlink()
             run_git(tree, "add", "-A")
@@ -100,7 +109,9 @@ def gather(
             changed = [f for f in cand.files if not is_test_path(f)]
             fix = _diff(tree, sha, commit, changed)
             if not fix.strip():
-                raise SmithError("the fix (reverse of the bug) is empty", row=cand.instance_id)
+                run_git(tree, "update-ref", "-d", f"{TASK_REF}{cand.instance_id}")
+                skipped.append({"instance_id": cand.instance_id, "reason": "empty_fix"})
+                continue
             rows.append(
                 {
                     "instance_id": cand.instance_id,

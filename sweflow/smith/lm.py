@@ -113,7 +113,13 @@ class _Transient(SmithError):
 def _api_key(settings: LMSettings) -> str | None:
     if not settings.api_key_env:
         return None
-    key = os.environ.get(settings.api_key_env)
+    key = (os.environ.get(settings.api_key_env) or "").strip()  # a key read from a file ends in a newline
+    if key and any(c.isspace() or not c.isprintable() for c in key):
+        # http.client would refuse the header and quote the key in its error: never send or echo it
+        raise SmithError(
+            f"environment variable {settings.api_key_env} (the LM API key) holds spaces or control characters",
+            field="api_key_env",
+        )
     if not key:
         raise SmithError(
             f"environment variable {settings.api_key_env} (the LM API key) is not set", field="api_key_env"
@@ -202,6 +208,10 @@ def complete(settings: LMSettings, system: str, user: str) -> str:
             status = exc.code
             kind = _Transient if status >= 500 or status in _RETRY_STATUSES else SmithError
             raise kind(f"LM request to {where} failed: HTTP {status}: {detail}", field="endpoint") from None
+        except ValueError as exc:  # a header http.client refuses: its message would quote the header
+            raise SmithError(
+                f"LM request to {where} could not be sent ({type(exc).__name__})", field="endpoint"
+            ) from None
         except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets, short reads
             reason = getattr(exc, "reason", exc)
             raise _Transient(

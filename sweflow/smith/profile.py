@@ -124,7 +124,18 @@ def load_profile(entry: str | Mapping[str, Any], *, base: str | os.PathLike = ".
     install = data.get("install") or ()
     if isinstance(install, str):
         install = (install,)
-    share = float(data.get("min_pass_share", 0.8))
+    if not isinstance(install, list | tuple) or not all(isinstance(c, str) for c in install):
+        raise SmithError("must be a command or a list of commands", file=where, field="install")
+    for key in ("test_cmd", "log_parser", "pre_test", "commit", "version", "image"):
+        if key in data and data[key] is not None and not isinstance(data[key], str | int | float):
+            raise SmithError("must be a string", file=where, field=key)
+    for key in ("timeout_sec", "reference_timeout_sec"):
+        if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1):
+            raise SmithError("must be a whole number of seconds, at least 1", file=where, field=key)
+    try:
+        share = float(data.get("min_pass_share", 0.8))
+    except (TypeError, ValueError):
+        raise SmithError("must be a number in (0, 1]", file=where, field="min_pass_share") from None
     if not 0 < share <= 1:
         raise SmithError("must be in (0, 1]", file=where, field="min_pass_share")
     source = data["source"]

@@ -44,6 +44,7 @@ KEPT = "kept"
 NO_F2P = "no_fail_to_pass"
 NO_P2P = "no_pass_to_pass"
 TIMEOUT = "timeout"
+NO_TESTS = "no_tests_in_log"
 APPLY_FAILED = "apply_failed"
 ERROR = "error"
 TAIL_CHARS = 3000
@@ -255,7 +256,7 @@ def validate_candidate(
     require_p2p: bool = True,
 ) -> dict[str, Any]:
     """The report of one candidate: status (kept / no_fail_to_pass / no_pass_to_pass / timeout /
-    apply_failed / error), F2P, P2P, flaky tests, per-run exit codes and seconds, the failing output tail."""
+    apply_failed / no_tests_in_log / error), F2P, P2P, flaky tests, per-run exit codes and seconds, the failing output tail."""
     base = {"instance_id": cand.instance_id, "strategy": cand.strategy, "files": list(cand.files)}
     t0 = time.monotonic()
     try:
@@ -274,6 +275,11 @@ def validate_candidate(
         return {**base, "status": APPLY_FAILED, "error": res.apply_error, "seconds": _since(t0)}
     if res.timed_out:
         return {**base, "status": TIMEOUT, "runs": runs_info, "seconds": _since(t0)}
+    known = set(reference["passed"])
+    if any(not known & set(r.statuses) for r in res.runs):
+        # none of the reference's tests in a log (pytest aborted at collection, the environment broke):
+        # every test would look failing, and a task hiding every test file teaches nothing; dropped
+        return {**base, "status": NO_TESTS, "runs": runs_info, "seconds": _since(t0)}
     split = classify(reference["passed"], [r.statuses for r in res.runs])
     if not split["FAIL_TO_PASS"]:
         status = NO_F2P

@@ -66,6 +66,9 @@ def profile_entries(repos: Sequence[Any], base: str | os.PathLike = ".") -> dict
         prof = load_profile(entry, base=base)
         if prof.name in out:
             raise SmithError(f"two repository profiles are named {prof.name!r}", field="smith.repos")
+        if any(p.repo == prof.repo for p in out.values()):
+            # task states and harness specs are kept per repository: one profile each
+            raise SmithError(f"two repository profiles are for {prof.repo!r}", field="smith.repos")
         out[prof.name] = prof
     return out
 

@@ -127,7 +127,8 @@ def _template_source(
         from ..sandbox.images import build_base_image, build_task_image
 
         base = build_base_image(cfg.get("base_image", "sweflow/base:bookworm"))
-        build_task_image(rec["image"], repo, commit, base=base)
+        # a synthesized task's image name stays when its state changes (the tests it hides): rebuild it
+        build_task_image(rec["image"], repo, commit, base=base, force=rec["repo"] in task_repos)
     return {}
 
 

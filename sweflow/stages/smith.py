@@ -57,8 +57,8 @@ def repo_env_step(
     wheel_record: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """The repository as a bare repository at its resolved commit, its environment template, and the
-    reference run (the whole suite `runs` times). A reference that fails is reported (`ok: false`), and
-    every later step skips the repository."""
+    reference run (the whole suite `runs` times). A reference that fails, times out or has no test is
+    reported (`ok: false`), and every later step skips the repository; an infrastructure fault raises."""
     from ..smith.env import build_environment, materialize_source
     from ..smith.validate import reference_run, reference_verdict
 
@@ -68,28 +68,26 @@ def repo_env_step(
     if wheel_record:
         rec = read_json(wheel_record)
         wheel = Path(wheel_record).parent / rec["path"]
-    try:
-        prov = provider_from_config(provider, sandbox_cfg, purpose="build")
-        tpl = build_environment(
-            prov, provider, profile, bare_out, src["commit"], cfg=dict(sandbox_cfg), wheel=wheel
-        )
-        data["template"] = tpl
-        res = reference_run(
-            provider_from_config(provider, sandbox_cfg, purpose="eval"),
-            tpl["template"],
-            profile,
-            src["commit"],
-            parser=_harness_parser(profile, harness_package),
-            runs=runs,
-        )
-        data["reference"] = reference_verdict(res, profile)
-        data["reference"]["runs"] = [
-            {"exit_code": r.exit_code, "seconds": r.seconds, "tests": len(r.statuses)} for r in res.runs
-        ]
-    except SmithError as exc:
-        data["reference"] = {"ok": False, "reason": exc.one_line(), "passed": []}
-    except Exception as exc:  # noqa: BLE001 - a repository that cannot be set up is reported and skipped
-        data["reference"] = {"ok": False, "reason": f"{type(exc).__name__}: {exc}"[:500], "passed": []}
+    # A fault while building or running (no engine, a dead sandbox after retries) fails the job (Snakemake
+    # retries and reports it): it says nothing about the repository. Only the reference's own outcome
+    # (no tests found, too few pass, a timeout) marks the repository unusable.
+    prov = provider_from_config(provider, sandbox_cfg, purpose="build")
+    tpl = build_environment(
+        prov, provider, profile, bare_out, src["commit"], cfg=dict(sandbox_cfg), wheel=wheel
+    )
+    data["template"] = tpl
+    res = reference_run(
+        provider_from_config(provider, sandbox_cfg, purpose="eval"),
+        tpl["template"],
+        profile,
+        src["commit"],
+        parser=_harness_parser(profile, harness_package),
+        runs=runs,
+    )
+    data["reference"] = reference_verdict(res, profile)
+    data["reference"]["runs"] = [
+        {"exit_code": r.exit_code, "seconds": r.seconds, "tests": len(r.statuses)} for r in res.runs
+    ]
     data["ok"] = bool(data["reference"]["ok"])
     atomic_write_json(env_out, data)
     ref = data["reference"]
@@ -224,6 +222,14 @@ def bug_candidates_step(
                 )
             else:
                 raise SmithError(f"unknown strategy {strategy!r}", field="strategy")
+    if (
+        strategy in ("lm_modify", "lm_rewrite")
+        and skipped
+        and not cands
+        and all(_request_failed(r) for r in skipped)
+    ):
+        # the endpoint answered nothing (down, refused the key): an infrastructure fault, not a yield of 0
+        raise SmithError(f"every LM request failed; first: {skipped[0]['reason']}", field="smith.lm")
     write_jsonl(out, (c.to_dict() for c in cands))
     report = {
         "strategy": strategy,
@@ -237,6 +243,10 @@ def bug_candidates_step(
     atomic_write_json(report_out, report)
     log.info("%s shard %d/%d: %d candidates, %d skipped", strategy, shard, shards, len(cands), len(skipped))
     return report
+
+
+def _request_failed(record: Mapping[str, Any]) -> bool:
+    return str(record.get("reason", "")).startswith("request failed")
 
 
 def _kept_candidates(reports: Sequence[str], candidate_files: Sequence[str]) -> list[dict[str, Any]]:
@@ -327,13 +337,17 @@ def gather_step(
             elif r["status"] == "error":
                 errors.append({"instance_id": r["instance_id"], "error": r.get("error")})
     kept.sort(key=lambda kr: kr[0].instance_id)
-    rows = []
+    rows: list[dict[str, Any]] = []
+    not_tasks: list[dict[str, Any]] = []
     Path(git_out).parent.mkdir(parents=True, exist_ok=True)
     if env.get("ok"):
         profile = load_profile(env["profile"])
-        rows = gather(profile, bare, env["commit"], env["date"], kept, git_out)
-    else:
-        os.makedirs(git_out, exist_ok=True)
+        rows = gather(profile, bare, env["commit"], env["date"], kept, git_out, skipped=not_tasks)
+    else:  # an empty task repository: the repository was skipped
+        from ..smith.gitrepo import run_git
+
+        if not Path(git_out, "HEAD").exists():
+            run_git(Path(git_out).parent, "init", "-q", "--bare", "--template=", str(Path(git_out).resolve()))
     write_jsonl(tasks_out, rows)
     strategies = {
         s: {**dict(c), "yield": round(c["kept"] / c["candidates"], 4) if c["candidates"] else 0.0}
@@ -347,6 +361,7 @@ def gather_step(
         "candidates": sum(c["candidates"] for c in per.values()),
         "tasks": len(rows),
         "strategies": strategies,
+        "not_gathered": not_tasks,
         "errors": errors,
     }
     atomic_write_json(summary_out, summary)
@@ -380,6 +395,15 @@ def statements_step(
             if lm.get("endpoint") == "scripted":
                 rec["endpoint"] = "scripted"  # not the port the offline endpoint happened to get
             records.append({"instance_id": t["instance_id"], **rec})
+    failed = [r for r in records if not r["problem_statement"]]
+    if (
+        records
+        and len(failed) == len(records)
+        and all(
+            all(_request_failed({"reason": x}) for a in r["rejected"] for x in a["reasons"]) for r in failed
+        )
+    ):
+        raise SmithError("every LM request for a problem statement failed", field="smith.lm")
     write_jsonl(out, records)
     ok = sum(1 for r in records if r["problem_statement"])
     log.info("problem statements: %d of %d accepted", ok, len(records))

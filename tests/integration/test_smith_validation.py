@@ -120,6 +120,13 @@ def test_flaky_test_never_becomes_f2p(env):
     assert "tests/test_stats.py::test_mean" in one["FAIL_TO_PASS"]
 
 
+def test_bug_that_stops_collection_is_dropped_not_a_whole_suite_f2p(env):
+    # a syntax error: pytest aborts at collection and reports no test at all; counting every absent test
+    # as failing would make a task with the whole suite as FAIL_TO_PASS (and every test file hidden)
+    rep = env.validate(env.cand(env.stats.replace("def mean(data):", "def mean(data)::"), "mean"))
+    assert rep["status"] == "no_tests_in_log" and "FAIL_TO_PASS" not in rep
+
+
 def test_candidate_that_does_not_apply_is_reported(env):
     patch = file_patch(STATS, "def nothing():\n    pass\n", "def nothing():\n    return 1\n")
     cand = make_candidate("sweflow/calclib", env.commit, "procedural", patch, [STATS], entity="nothing")

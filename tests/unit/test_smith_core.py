@@ -57,8 +57,10 @@ def test_profiles_load_and_bad_ones_name_the_field(tmp_path):
         load_profile("prof.yaml", base=tmp_path)
     with pytest.raises(SmithError, match=r"field 'repo'"):
         load_profile({"name": "x", "source": "sample"})
-    with pytest.raises(SmithError, match=r"field 'min_pass_share'"):
-        load_profile({"name": "x", "repo": "a/b", "source": "s", "min_pass_share": 0})
+    for bad in ({"min_pass_share": 0}, {"min_pass_share": "lots"}, {"install": [1]}, {"timeout_sec": -5},
+                {"test_cmd": ["pytest"]}):  # fmt: skip
+        with pytest.raises(SmithError, match=rf"field '{next(iter(bad))}'"):
+            load_profile({"name": "x", "repo": "a/b", "source": "s", **bad})
 
 
 def test_stability_rule_keeps_flaky_tests_out_of_f2p_and_p2p():

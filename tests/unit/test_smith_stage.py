@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from sweflow.errors import SmithError
 from sweflow.sample import materialize_repo
-from sweflow.smith.candidates import read_candidates, write_jsonl
+from sweflow.smith.candidates import write_jsonl
 from sweflow.smith.env import materialize_source
 from sweflow.smith.gather import ROW_COLUMNS
 from sweflow.smith.profile import load_profile
@@ -32,22 +35,22 @@ def test_lm_key_by_name_reaches_the_endpoint_only(tmp_path, monkeypatch):
     assert rep["lm"]["model"] == "m" and "api_key_env" not in json.dumps(rep["lm"])
     for f in (tmp_path / "c.jsonl", tmp_path / "c.report.json"):
         assert KEY not in f.read_text() and "SMITH_TEST_LM_KEY" not in f.read_text()
-    # without the key the endpoint refuses: every entity is a failure record, no candidate
-    monkeypatch.delenv("SMITH_TEST_LM_KEY")
-    with ScriptedLM(offline_responder, api_key=KEY) as server:
-        smith["lm"]["endpoint"] = server.url
-        rep = bug_candidates_step("lm_modify", 0, tmp_path / "env.json", tmp_path / "repo.git",
-                                  tmp_path / "d.jsonl", tmp_path / "d.report.json", smith=smith)  # fmt: skip
-    assert rep["candidates"] == 0 and len(rep["skipped"]) == 2 and read_candidates(tmp_path / "d.jsonl") == []
-    assert all("SMITH_TEST_LM_KEY (the LM API key) is not set" in s["reason"] for s in rep["skipped"])
-    # a wrong key: the endpoint's 401, named, and the key still in no output
-    monkeypatch.setenv("SMITH_TEST_LM_KEY", "sk-wrong-key-0123456789abcdef")
-    with ScriptedLM(offline_responder, api_key=KEY) as server:
-        smith["lm"]["endpoint"] = server.url
-        rep = bug_candidates_step("lm_modify", 0, tmp_path / "env.json", tmp_path / "repo.git",
-                                  tmp_path / "d.jsonl", tmp_path / "d.report.json", smith=smith)  # fmt: skip
-    assert rep["candidates"] == 0 and all("401" in s["reason"] for s in rep["skipped"]), rep["skipped"]
-    assert "sk-wrong-key" not in (tmp_path / "d.report.json").read_text()
+    # without the key, or with a wrong one, every request fails: an infrastructure fault (the job fails,
+    # naming why), never a yield of 0 candidates; nothing is written and the key appears nowhere
+    for value, why in ((None, "SMITH_TEST_LM_KEY (the LM API key) is not set"),
+                       ("sk-wrong-key-0123456789abcdef\n", "HTTP 401"),
+                       ("sk-bad\nkey", "holds spaces or control characters")):  # fmt: skip
+        if value is None:
+            monkeypatch.delenv("SMITH_TEST_LM_KEY")
+        else:
+            monkeypatch.setenv("SMITH_TEST_LM_KEY", value)
+        with ScriptedLM(offline_responder, api_key=KEY) as server:
+            smith["lm"]["endpoint"] = server.url
+            with pytest.raises(SmithError, match="every LM request failed") as err:
+                bug_candidates_step("lm_modify", 0, tmp_path / "env.json", tmp_path / "repo.git",
+                                    tmp_path / "d.jsonl", tmp_path / "d.report.json", smith=smith)  # fmt: skip
+        assert why in str(err.value) and "sk-" not in str(err.value)
+        assert not (tmp_path / "d.jsonl").exists()
 
 
 def test_dataset_keeps_tasks_with_an_accepted_statement(tmp_path):
