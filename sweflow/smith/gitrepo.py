@@ -28,9 +28,17 @@ def run_git(
     date: str | None = None,
     timeout: float = 120,
     check: bool = True,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """One pinned git command in `repo`; raises SmithError naming the command when `check` and it fails."""
-    res = run_cmd(["git", *GIT_OPTIONS, *args], cwd=repo, env=git_env(date), input=input, timeout=timeout)
+    """One pinned git command in `repo` (`env`: extra variables, e.g. GIT_INDEX_FILE); raises SmithError
+    naming the command when `check` and it fails."""
+    res = run_cmd(
+        ["git", *GIT_OPTIONS, *args],
+        cwd=repo,
+        env={**git_env(date), **(env or {})},
+        input=input,
+        timeout=timeout,
+    )
     if check and res.returncode != 0:
         raise SmithError(
             f"git {' '.join(args[:2])} failed (exit {res.returncode}): {res.stderr.strip()[:300]}",
