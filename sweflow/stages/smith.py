@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import posixpath
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -208,7 +209,13 @@ def bug_candidates_step(
                 from ..smith.combine import combine_candidates
 
                 kept = _kept_candidates(validated, validated_candidates)
-                kept = [c for c in kept if shard_of(c["files"][0] if c["files"] else "", shards) == shard]
+
+                # a shard holds whole groups: the file, or its folder when combining by module
+                def group(c: Mapping[str, Any]) -> str:
+                    f = c["files"][0] if c["files"] else ""
+                    return f if opts["by"] == "file" else posixpath.dirname(f)
+
+                kept = [c for c in kept if shard_of(group(c), shards) == shard]
                 cands, skipped = combine_candidates(
                     kept,
                     repo=repo,

@@ -9,7 +9,7 @@ import pytest
 
 from sweflow.errors import SmithError
 from sweflow.sample import materialize_repo
-from sweflow.smith.candidates import write_jsonl
+from sweflow.smith.candidates import read_candidates, write_jsonl
 from sweflow.smith.env import materialize_source
 from sweflow.smith.gather import ROW_COLUMNS
 from sweflow.smith.profile import load_profile
@@ -80,3 +80,30 @@ def test_dataset_keeps_tasks_with_an_accepted_statement(tmp_path):
     smith_dataset_step([tmp_path / "tasks.jsonl"], [tmp_path / "st.jsonl"], tmp_path / "train.parquet",
                        tmp_path / "report.json")  # fmt: skip
     assert (tmp_path / "train.parquet").read_bytes() == first  # byte-stable
+
+
+def test_combine_shards_hold_whole_modules(tmp_path):
+    from sweflow.smith.gitrepo import checkout, source_files
+    from sweflow.smith.procedural import procedural_candidates
+
+    prof = load_profile("sample")
+    src = materialize_source(prof, tmp_path / "repo.git")
+    atomic_write_json(tmp_path / "env.json", {"ok": True, "profile": prof.to_dict(), **src})
+    tree = checkout(tmp_path / "repo.git", src["commit"], tmp_path / "tree")
+    cands = procedural_candidates(tree, source_files(tree), repo=prof.repo, commit=src["commit"], seed=0,
+                                  max_candidates=6)  # fmt: skip
+    assert len({c.files[0] for c in cands}) > 1  # several files, one module (calclib/)
+    write_jsonl(tmp_path / "cands.jsonl", (c.to_dict() for c in cands))
+    write_jsonl(tmp_path / "val.jsonl", ({"instance_id": c.instance_id, "status": "kept"} for c in cands))
+
+    def run(shard, shards):
+        opts = {"shards": shards, "by": "module", "max_combos": 3, "min_bugs": 2, "max_bugs": 2}
+        out = tmp_path / f"c-{shard}-{shards}.jsonl"
+        bug_candidates_step("combine", shard, tmp_path / "env.json", tmp_path / "repo.git", out,
+                            tmp_path / f"r-{shard}-{shards}.json", smith={"seed": 0, "strategies": {"combine": opts}},
+                            validated=[tmp_path / "val.jsonl"], validated_candidates=[tmp_path / "cands.jsonl"])  # fmt: skip
+        return {c.instance_id for c in read_candidates(out)}
+
+    whole = run(0, 1)
+    parts = [run(0, 3), run(1, 3), run(2, 3)]
+    assert whole and sorted(map(len, parts)) == [0, 0, len(whole)] and set().union(*parts) == whole
