@@ -341,6 +341,34 @@ def _reindent(code: str, indent: str, newline: str) -> str | None:
     return newline.join(ln if n in inner or not ln else indent + ln for n, ln in enumerate(lines, 1))
 
 
+def _string_quotes(code: str) -> list[tokenize.TokenInfo]:
+    try:
+        return [t for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.STRING]
+    except (tokenize.TokenError, SyntaxError):
+        return []
+
+
+def _quotes_like(code: str, original: str) -> str:
+    """`code` (unparsed, which writes '...') with its plain single-quoted strings written "..." when the
+    original entity mostly uses double quotes: the bugged function must not stand out by its quoting."""
+    quotes = [t.string.lstrip("rRbBuUfF")[:1] for t in _string_quotes(original)]
+    if quotes.count('"') <= quotes.count("'"):
+        return code
+    lines = code.split("\n")
+    for tok in reversed(_string_quotes(code)):
+        prefix = tok.string[: len(tok.string) - len(tok.string.lstrip("rRbBuUfF"))]
+        text = tok.string[len(prefix) :]
+        if tok.start[0] != tok.end[0] or not text.startswith("'") or text.startswith("'''"):
+            continue
+        inner = text[1:-1]
+        if '"' in inner or "\\" in inner:
+            continue
+        row, col = tok.start[0] - 1, tok.start[1]
+        line = lines[row]
+        lines[row] = line[:col] + prefix + '"' + inner + '"' + line[tok.end[1] :]
+    return "\n".join(lines)
+
+
 def _splice(lines: list[str], node: ast.AST, code: str) -> str | None:
     """The file text with `node`'s lines replaced by `code` (unparsed); None when the layout is odd."""
     start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
@@ -392,6 +420,7 @@ def _mutate(
     for name, node in found:
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
         before = ast.unparse(node)
+        segment = "".join(lines[node.lineno - 1 : node.end_lineno])
         for modifier in modifiers:
             if (modifier in _CLASS_MODIFIERS) != (kind == "class"):
                 continue
@@ -406,7 +435,7 @@ def _mutate(
                 work = _copy(node, modifier)
                 explanation = apply(find(work)[index], rng)
                 code = None if explanation is None else ast.unparse(work)
-                new = None if code in (None, before) else _splice(lines, node, code)
+                new = None if code in (None, before) else _splice(lines, node, _quotes_like(code, segment))
                 if new is None or new in seen:
                     continue
                 try:

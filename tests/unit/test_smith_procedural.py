@@ -511,3 +511,16 @@ def test_modifier_selection_and_unparsable_files(tmp_path, caplog):
     assert "pkg/bad.py" in caplog.text
     assert [c.meta["modifier"] for c in cands] == ["swap_operands"] and cands[0].files == ("pkg/good.py",)
     assert cands[0].meta["entity"] == "pkg/good.py::good"
+
+
+def test_mutated_entity_keeps_the_files_double_quotes():
+    """ast.unparse writes '...'; a bugged function in a double-quoted file must not stand out by it."""
+    src = (
+        'def f(op, x):\n    """Doc."""\n    if op == "-":\n        return f"neg {x!r}"\n'
+        '    elif op == "+":\n        return x + 1\n    return "none"\n'
+    )
+    muts = mutate_source(src, seed=0, modifiers=["change_constant"])
+    assert muts and all("'" not in m.source for m in muts), [m.source for m in muts]
+    single = src.replace('"-"', "'-'").replace('"+"', "'+'").replace('"none"', "'none'")
+    muts = mutate_source(single, seed=0, modifiers=["change_constant"])
+    assert muts and all("'-'" in m.source for m in muts)  # a single-quoted file keeps its style
