@@ -3,7 +3,7 @@
 A profile is a small mapping (inline in the config, or a YAML file): `name` (a short key for paths), `repo`
 (owner/name), `source` ("sample" for the embedded sample repository, a local git repository or a plain
 source folder), `commit` (a ref or sha; default HEAD), `version` (the harness spec key), `install` (commands
-run in each fresh sandbox before the tests), `test_cmd` (pytest with per-test lines: `path::test STATUS`),
+run in each fresh sandbox before the tests), `test_cmd` (pytest with per-test lines: `path::test STATUS`, past collection errors),
 `log_parser` (a parser function of the installed harness package), timeouts and the share of tests the
 reference run must pass.
 """
@@ -22,6 +22,7 @@ from ..errors import SmithError
 from .candidates import repo_slug
 
 # The SWE-bench image convention the local and Docker providers reproduce (a conda shim at /opt/miniconda3).
+DEFAULT_TEST_CMD = "pytest -rA --continue-on-collection-errors"
 CONDA_PRE_TEST = "source /opt/miniconda3/bin/activate && conda activate testbed"
 _KEYS = {
     "name",
@@ -48,7 +49,9 @@ class RepoProfile:
     commit: str = "HEAD"
     version: str = "0.1"
     install: tuple[str, ...] = ()
-    test_cmd: str = "pytest -rA"
+    # pytest stops the whole session at a collection error (a bug that breaks an import); the other
+    # modules' results are what tell FAIL_TO_PASS from PASS_TO_PASS
+    test_cmd: str = DEFAULT_TEST_CMD
     log_parser: str = "parse_log_pytest"
     pre_test: str = CONDA_PRE_TEST
     timeout_sec: int = 90
@@ -85,7 +88,7 @@ SAMPLE_PROFILE = {
     "repo": "sweflow/calclib",
     "source": "sample",
     "version": "0.1",
-    "test_cmd": "pytest -rA",
+    "test_cmd": DEFAULT_TEST_CMD,
     "log_parser": "parse_log_pytest",
 }
 

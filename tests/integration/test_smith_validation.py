@@ -120,10 +120,21 @@ def test_flaky_test_never_becomes_f2p(env):
     assert "tests/test_stats.py::test_mean" in one["FAIL_TO_PASS"]
 
 
-def test_bug_that_stops_collection_is_dropped_not_a_whole_suite_f2p(env):
-    # a syntax error: pytest aborts at collection and reports no test at all; counting every absent test
-    # as failing would make a task with the whole suite as FAIL_TO_PASS (and every test file hidden)
+def test_collection_errors_make_absent_tests_f2p_and_a_suite_without_tests_is_dropped(env):
+    # a syntax error in stats.py: only tests/test_stats.py fails to collect (the default test command goes
+    # on past collection errors), so its tests are FAIL_TO_PASS and the other modules' PASS_TO_PASS
     rep = env.validate(env.cand(env.stats.replace("def mean(data):", "def mean(data)::"), "mean"))
+    assert rep["status"] == "kept"
+    assert {t.split("::")[0] for t in rep["FAIL_TO_PASS"]} == {"tests/test_stats.py"}
+    assert rep["PASS_TO_PASS"] and not any(t.startswith("tests/test_stats.py") for t in rep["PASS_TO_PASS"])
+    # a syntax error in errors.py, which every module imports: no test of the reference is in the log;
+    # counting them all as failing would make a task of the whole suite with every test file hidden
+    old = (env.tree / "calclib/errors.py").read_text()
+    patch = file_patch("calclib/errors.py", old, old.replace("class ", "class :", 1))
+    cand = make_candidate(
+        "sweflow/calclib", env.commit, "procedural", patch, ["calclib/errors.py"], entity="e"
+    )
+    rep = env.validate(cand)
     assert rep["status"] == "no_tests_in_log" and "FAIL_TO_PASS" not in rep
 
 

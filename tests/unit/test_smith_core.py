@@ -46,12 +46,12 @@ def test_candidate_shards_round_trip(tmp_path):
 def test_profiles_load_and_bad_ones_name_the_field(tmp_path):
     p = load_profile("sample")
     assert (p.repo, p.test_cmd, p.log_parser, p.timeout_sec, p.min_pass_share) == (
-        "sweflow/calclib", "pytest -rA", "parse_log_pytest", 90, 0.8)  # fmt: skip
+        "sweflow/calclib", "pytest -rA --continue-on-collection-errors", "parse_log_pytest", 90, 0.8)  # fmt: skip
     f = tmp_path / "prof.yaml"
     f.write_text("name: lib\nrepo: me/lib\nsource: src\ninstall: pip install -e .\nmin_pass_share: 0.5\n")
     q = load_profile("prof.yaml", base=tmp_path)
     assert q.install == ("pip install -e .",) and q.source == str(tmp_path / "src")
-    assert q.harness_spec()["me/lib"]["0.1"]["test_cmd"] == "pytest -rA"
+    assert q.harness_spec()["me/lib"]["0.1"]["test_cmd"] == "pytest -rA --continue-on-collection-errors"
     f.write_text("name: lib\nrepo: me/lib\nsource: src\ntest_command: x\n")
     with pytest.raises(SmithError, match=r"prof.yaml: field 'test_command': unknown key"):
         load_profile("prof.yaml", base=tmp_path)
