@@ -18,25 +18,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..sample.tasks import RAW_COLUMNS
 from .candidates import Candidate
 from .gitrepo import git_out, is_test_path, run_git, tracked_files
 from .profile import RepoProfile
 
 TASK_REF = "refs/heads/tasks/"
-ROW_COLUMNS = (
-    "instance_id",
-    "hints_text",
-    "patch",
-    "test_patch",
-    "created_at",
-    "problem_statement",
-    "repo",
-    "base_commit",
-    "version",
-    "PASS_TO_PASS",
-    "FAIL_TO_PASS",
-    "environment_setup_commit",
-)
+# The raw SWE-Gym row schema (the one the sample dataset and validate_split use).
+ROW_COLUMNS = RAW_COLUMNS
 
 
 def files_of_tests(tests: Iterable[str]) -> list[str]:

@@ -399,8 +399,7 @@ def statements_step(
                 failing_output=t.get("failing_output", ""),
                 attempts=attempts,
             )
-            if lm.get("endpoint") == "scripted":
-                rec["endpoint"] = "scripted"  # not the port the offline endpoint happened to get
+            rec["endpoint"] = _lm_record(settings, lm)["endpoint"]
             records.append({"instance_id": t["instance_id"], **rec})
     failed = [r for r in records if not r["problem_statement"]]
     if (
