@@ -309,11 +309,18 @@ def sse_events(message: dict) -> list[tuple[str, dict]]:
                 {"type": "text_delta", "text": text[i : i + TEXT_CHUNK_CHARS]}
                 for i in range(0, len(text), TEXT_CHUNK_CHARS)
             ]
-        else:
+        elif block["type"] == "tool_use":
             head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             deltas = [
                 {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
             ]
+        elif block["type"] == "thinking":  # a pass-through upstream's reasoning, with its signature
+            head = {"type": "thinking", "thinking": ""}
+            deltas = [{"type": "thinking_delta", "thinking": block.get("thinking", "")}]
+            if block.get("signature"):
+                deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        else:  # redacted_thinking and other whole blocks arrive complete in their start event
+            head, deltas = dict(block), []
         events.append(
             ("content_block_start", {"type": "content_block_start", "index": index, "content_block": head})
         )

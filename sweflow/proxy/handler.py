@@ -164,7 +164,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 body = self._read_json()
                 if api_path == "/v1/messages/count_tokens":
                     proxy.session(sid, for_messages=True)
-                    self._send_json(200, proxy.count_tokens(body))
+                    self._send_json(200, proxy.count_tokens(body, self.headers))
                 elif api_path == "/v1/messages":
                     self._messages(sid, body)
                 else:
@@ -215,7 +215,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     def _messages(self, sid: str, body: Any) -> None:
         proxy = self.server.proxy
-        message, rec, index = proxy.handle_messages(sid, body)
+        message, rec, index = proxy.handle_messages(sid, body, self.headers)
         try:
             if isinstance(body, dict) and body.get("stream"):
                 frames = [an.format_sse(ev, data) for ev, data in an.sse_events(message)]

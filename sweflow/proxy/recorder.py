@@ -38,6 +38,10 @@ class Turn:
     # The tool calls the model made in this turn ({"name", "input"}), as parsed here: the integrity
     # scan reads these, never an account the agent's sandbox gives of them.
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    # The whole exchange in Messages form (system, tools, messages sent; content blocks answered), kept in
+    # pass-through mode and when ProxyConfig.record_messages is set: what chat-message trajectories use.
+    request: dict[str, Any] | None = None
+    response: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,6 +215,7 @@ class SessionRecord:
             "session_id": self.session_id,
             "finalized": self.finalized,
             "metadata": self.metadata,
-            "samples": linearize(turns, config),
+            # pass-through turns carry messages, not tokens: nothing to fold into token samples
+            "samples": linearize([t for t in turns if t.prompt_ids], config),
             "turns": [t.to_dict() for t in turns],
         }

@@ -61,6 +61,7 @@ class ProxyConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     linearize: LinearizeConfig = field(default_factory=LinearizeConfig)
     max_workers: int = 256
+    record_messages: bool = False  # keep each turn's request/response messages (always in pass-through)
 
 
 def default_stop_ids(tokenizer: Any) -> list[int]:
@@ -92,12 +93,20 @@ class ProxyServer:
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config or ProxyConfig()
-        self.stop_ids = list(self.config.stop_token_ids or default_stop_ids(tokenizer))
+        # Pass-through (an Upstream engine) needs no tokenizer: the upstream model answers in messages.
+        self.passthrough = bool(getattr(engine, "passthrough", False))
+        if tokenizer is None and not self.passthrough:
+            raise ValueError("a tokenizer is needed unless the engine is a pass-through Upstream")
+        self.stop_ids = (
+            list(self.config.stop_token_ids or default_stop_ids(tokenizer)) if tokenizer is not None else []
+        )
         self.admin_token = self.config.admin_token or secrets.token_urlsafe(32)
         self._sessions: dict[str, SessionRecord] = {}
         self._by_token: dict[bytes, str] = {}  # sha256(session token) -> session id
         self._sessions_lock = threading.Lock()
-        self._tokenizers = TokenizerPool(tokenizer, self.config.tokenizer_copies)
+        self._tokenizers = (
+            TokenizerPool(tokenizer, self.config.tokenizer_copies) if tokenizer is not None else None
+        )
         self._gate = threading.Condition()
         self._paused = False
         self._stopping = False
@@ -254,8 +263,10 @@ class ProxyServer:
         except PromptTooLong as exc:
             raise HttpError(413, "request_too_large", str(exc)) from None
 
-    def count_tokens(self, body: Any) -> dict:
+    def count_tokens(self, body: Any, headers: Any = None) -> dict:
         req = an.parse_request(body, require_max_tokens=False)
+        if self.passthrough:
+            return self.engine.count_tokens(body, headers)
         return {"input_tokens": len(self.render(req))}
 
     def _sampling(self, req: an.MessagesRequest, prompt_len: int) -> SamplingParams:
@@ -305,11 +316,58 @@ class ProxyServer:
             ids.pop()
         return self._tokenizers.decode(ids)
 
-    def handle_messages(self, session_id: str, body: Any) -> tuple[dict, SessionRecord, int]:
+    def _forward(self, session_id: str, body: dict, headers: Any) -> dict:
+        """Pass-through: the upstream's answer, under the same pause gate and timeout as an engine call."""
+        self._enter_gate()
+        try:
+            future = self._pool.submit(self.engine.messages, body, session_id=session_id, headers=headers)
+        except RuntimeError as exc:
+            self._leave_gate()
+            raise HttpError(503, "overloaded_error", "proxy is stopping") from exc
+        future.add_done_callback(self._leave_gate)
+        try:
+            return future.result(timeout=self.config.engine_timeout_s)
+        except concurrent.futures.TimeoutError as exc:
+            raise HttpError(504, "timeout_error", "upstream timed out") from exc
+
+    def _handle_passthrough(
+        self, session_id: str, rec: SessionRecord, req: an.MessagesRequest, body: dict, headers: Any
+    ) -> tuple[dict, SessionRecord, int]:
+        received = time.time()
+        index = rec.next_index()
+        message = self._forward(session_id, body, headers)
+        blocks = [b for b in message["content"] if isinstance(b, dict)]
+        rec.add(
+            Turn(
+                index=index,
+                prompt_ids=[],
+                output_ids=[],
+                logprobs=[],
+                finish_reason=str(message.get("stop_reason") or ""),
+                timings={"received": received, "total_s": time.time() - received},
+                stop_reason=str(message.get("stop_reason") or ""),
+                model=str(message.get("model") or req.model),
+                weight_version=None,
+                tool_calls=[
+                    {"name": b.get("name", ""), "input": b.get("input") or {}}
+                    for b in blocks
+                    if b.get("type") == "tool_use"
+                ],
+                request=_request_record(req),
+                response={k: message.get(k) for k in ("id", "model", "content", "stop_reason", "usage")},
+            )
+        )
+        return message, rec, index
+
+    def handle_messages(
+        self, session_id: str, body: Any, headers: Any = None
+    ) -> tuple[dict, SessionRecord, int]:
         """Run one Messages request for a session; return (response message, session, turn index)."""
         received = time.time()
         rec = self.session(session_id, for_messages=True)
         req = an.parse_request(body)
+        if self.passthrough:
+            return self._handle_passthrough(session_id, rec, req, body, headers)
         prompt_ids = self.render(req, rec)
         sampling = self._sampling(req, len(prompt_ids))
         sampling.request_id = session_id
@@ -350,5 +408,13 @@ class ProxyServer:
                 if b.get("type") == "tool_use"
             ],
         )
+        if self.config.record_messages:
+            turn.request = _request_record(req)
+            turn.response = {k: message.get(k) for k in ("id", "model", "content", "stop_reason", "usage")}
         rec.add(turn)
         return message, rec, index
+
+
+def _request_record(req: an.MessagesRequest) -> dict[str, Any]:
+    """What a turn keeps of its request: the model, the exact system prompt, tools and messages."""
+    return {"model": req.model, "system": req.system, "tools": req.tools, "messages": req.messages}

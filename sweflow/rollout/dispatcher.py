@@ -329,14 +329,20 @@ class _Rollout:
             "failure_reason": getattr(patch, "failure_reason", None),
             "test_files": list(getattr(patch, "test_files", None) or []),
         }
-        with self._timed("evaluate"):
-            base, evaluation = self._evaluate(template, patch_text, patch_info["failure_reason"])
+        if self.cfg.evaluate:
+            with self._timed("evaluate"):
+                base, evaluation = self._evaluate(template, patch_text, patch_info["failure_reason"])
+        else:
+            failure = patch_info["failure_reason"]
+            base = RewardResult(0.0, False, failure, {})
+            evaluation = {"deferred": True, "failure_reason": failure}
         with self._timed("trajectory"):
             self.d.proxy.finalize_session(self.session_id)
             trajectory = self.d.proxy.read_trajectory(self.session_id)
         samples = list(trajectory.get("samples") or [])
-        num_turns = len(trajectory.get("turns") or [])
-        if not samples:
+        turns = list(trajectory.get("turns") or [])
+        num_turns = len(turns)
+        if not samples and not any(t.get("response") for t in turns):
             raise Abort("no_trajectory", "the proxy recorded no model turn for this session")
         with self._timed("integrity"):
             # The calls the proxy saw the model make, not the sandbox's account of them (the agent can
@@ -356,6 +362,7 @@ class _Rollout:
             evaluation_log=self.evaluation_log,
             integrity_violations=[v.to_dict() for v in violations],
             agent={**agent, "tool_calls": len(calls)},
+            **({} if self.cfg.evaluate else {"patch_text": patch_text, "turns": turns}),
         )
 
     def _before_agent(self) -> None:

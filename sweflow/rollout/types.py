@@ -48,6 +48,9 @@ class RolloutConfig:
     delete_sessions: bool = True
     integrity_rules: IntegrityRules = DEFAULT_RULES
     eval_network: dict[str, Any] | None = None
+    # False: collect only (expert trajectories): no evaluation here, the patch text and the proxy's recorded
+    # turns are kept in the result, and the patch is graded later in a fresh sandbox by a separate step.
+    evaluate: bool = True
 
 
 @dataclass
@@ -78,6 +81,9 @@ class RolloutResult:
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     evaluation_log: str = field(default="", repr=False)
+    # Collect-only runs (RolloutConfig.evaluate False): the patch itself and the proxy's recorded turns.
+    patch_text: str = field(default="", repr=False)
+    turns: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     @property
     def aborted(self) -> bool:

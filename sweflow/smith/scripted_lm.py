@@ -35,7 +35,7 @@ from typing import Any
 
 from .lm import code_block, fence_block
 
-Responder = Callable[[dict], str]
+Responder = Callable[[dict], str | dict]
 
 
 class ReplyStatus(Exception):
@@ -72,6 +72,7 @@ def _normalise(api: str, body: dict) -> dict:
         "user": user,
         "temperature": body.get("temperature"),
         "max_tokens": body.get("max_tokens"),
+        "body": body,
     }
 
 
@@ -103,8 +104,9 @@ def _reply_body(api: str, model: str, text: str, n: int) -> dict:
 class ScriptedLM:
     """A scripted chat endpoint on 127.0.0.1; use as a context manager. `url` ends in /v1.
 
-    `responder` is a function of the normalised request returning the reply text, or a list of replies
-    used in order (the last one repeats). A reply that is a ReplyStatus (or a responder raising one) is
+    `responder` is a function of the normalised request (which also holds the raw `body`) returning the
+    reply text, or for the Anthropic API a dict of message fields (`content` blocks, `stop_reason`) that
+    replace the defaults, or a list of replies used in order (the last one repeats). A reply that is a ReplyStatus (or a responder raising one) is
     answered with that HTTP status; any other responder exception is a 500. With `api_key`, requests
     without that key (Bearer for OpenAI; x-api-key or Bearer for Anthropic) get 401. `requests` holds the normalised
     requests that passed the key check, in order.
@@ -120,7 +122,7 @@ class ScriptedLM:
         self._thread: threading.Thread | None = None
         self.url = ""
 
-    def _answer(self, request: dict) -> str:
+    def _answer(self, request: dict) -> str | dict:
         if callable(self._responder):
             reply = self._responder(request)
         else:
@@ -130,7 +132,7 @@ class ScriptedLM:
                 self._served += 1
         if isinstance(reply, ReplyStatus):
             raise reply
-        return str(reply)
+        return reply if isinstance(reply, dict) else str(reply)
 
     def _authorised(self, api: str, headers: Any) -> bool:
         if self._api_key is None:
@@ -160,7 +162,12 @@ class ScriptedLM:
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 path = self.path.split("?", 1)[0].rstrip("/")
-                api = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"}.get(path)
+                routes = {
+                    "/v1/chat/completions": "openai",
+                    "/v1/messages": "anthropic",
+                    "/v1/messages/count_tokens": "count",
+                }
+                api = routes.get(path)
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 if api is None:
@@ -176,12 +183,19 @@ class ScriptedLM:
                 except ValueError as exc:
                     self._send(400, {"error": {"type": "invalid_request_error", "message": str(exc)}})
                     return
+                if api == "count":  # a rough count: the endpoint has no tokenizer
+                    self._send(200, {"input_tokens": len(json.dumps(body)) // 4})
+                    return
                 request = _normalise(api, body)
                 with lm._lock:
                     lm.requests.append(request)
                     n = len(lm.requests)
                 try:
                     text = lm._answer(request)
+                    if isinstance(text, dict):  # a whole Anthropic message (content blocks, stop reason)
+                        reply = _reply_body(api, str(body.get("model") or ""), "", n)
+                        self._send(200, {**reply, **text})
+                        return
                 except ReplyStatus as exc:
                     self._send(exc.status, {"error": {"type": "scripted", "message": exc.message}})
                     return
