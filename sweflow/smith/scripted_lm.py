@@ -72,7 +72,6 @@ def _normalise(api: str, body: dict) -> dict:
         "user": user,
         "temperature": body.get("temperature"),
         "max_tokens": body.get("max_tokens"),
-        "body": body,
     }
 
 
@@ -109,7 +108,7 @@ class ScriptedLM:
     replace the defaults, or a list of replies used in order (the last one repeats). A reply that is a ReplyStatus (or a responder raising one) is
     answered with that HTTP status; any other responder exception is a 500. With `api_key`, requests
     without that key (Bearer for OpenAI; x-api-key or Bearer for Anthropic) get 401. `requests` holds the normalised
-    requests that passed the key check, in order.
+    requests that passed the key check, in order (`bodies`: their raw JSON bodies).
     """
 
     def __init__(self, responder: Responder | list, *, api_key: str | None = None) -> None:
@@ -118,6 +117,7 @@ class ScriptedLM:
         self._lock = threading.Lock()
         self._served = 0
         self.requests: list[dict] = []
+        self.bodies: list[dict] = []  # the raw bodies of those requests
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -189,9 +189,10 @@ class ScriptedLM:
                 request = _normalise(api, body)
                 with lm._lock:
                     lm.requests.append(request)
+                    lm.bodies.append(body)
                     n = len(lm.requests)
                 try:
-                    text = lm._answer(request)
+                    text = lm._answer({**request, "body": body})
                     if isinstance(text, dict):  # a whole Anthropic message (content blocks, stop reason)
                         reply = _reply_body(api, str(body.get("model") or ""), "", n)
                         self._send(200, {**reply, **text})

@@ -79,7 +79,7 @@ def test_forwards_with_the_proxy_key_and_records_whole_turns(upstream_lm):
                              headers=admin, timeout=10).json()  # fmt: skip
     # the upstream saw the proxy's key (it answers 401 otherwise), the forced model, stream off and the
     # session id as metadata.user_id; the agent's own token never left the proxy
-    sent = [r["body"] for r in upstream_lm.requests]
+    sent = list(upstream_lm.bodies)
     assert [b["model"] for b in sent] == ["claude-forced", "claude-forced"]
     assert all(b["stream"] is False and b["metadata"]["user_id"] == "expert.task-1:0:abcd1234" for b in sent)
     assert token not in json.dumps(sent)
