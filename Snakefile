@@ -16,6 +16,7 @@ include: "rules/sandbox.smk"
 include: "rules/validate.smk"
 include: "rules/e2e.smk"
 include: "rules/train.smk"
+include: "rules/sft.smk"
 
 
 rule all:
@@ -37,6 +38,7 @@ rule all:
         e2e=E2E_TARGETS,
         train=TRAIN_TARGETS,
         smith=SMITH_TARGETS,
+        sft=SFT_TARGETS,
 
 
 rule data:

@@ -284,3 +284,39 @@ def candidate_inputs(wildcards):
             "results/smith/{profile}/candidates/{strategy}/{shard}.jsonl", SMITH_FIRST
         )(wildcards)
     return inputs
+
+
+# ----- SFT (rules/sft.smk)
+SFT = config["sft"]
+SFT_DATASET = SFT["dataset"] or DATASET
+SFT_SPLITS = SFT["splits"] or [TRAIN["split"]]
+SFT_SHARDS = list(range(SFT["collect"]["shards"]))
+SFT_RUN = SFT["train"]["run"]
+SFT_NODES = SFT["train"]["parallel"]["nodes"]
+SFT_GPUS = SFT["train"]["parallel"]["gpus_per_node"]
+SFT_TARGETS = (
+    [f"results/{SFT_DATASET}/sft/messages/summary.json"]
+    + (
+        [f"results/{SFT_DATASET}/sft/train/{SFT_RUN}/summary.json"]
+        if SFT["train"]["enabled"]
+        else []
+    )
+    if SFT["enabled"]
+    else []
+)
+
+
+def sft_files(pattern):
+    """An input function: `pattern` ({dataset}, {split}, {shard}) for every SFT split and shard."""
+    return lambda wildcards: [
+        pattern.format(dataset=wildcards.dataset, split=s, shard=i)
+        for s in SFT_SPLITS
+        for i in SFT_SHARDS
+    ]
+
+
+def expert_parquet(wildcards):
+    """The scripted expert replays gold patches, which only the split parquet holds."""
+    if SFT["collect"]["expert"]["endpoint"] != "scripted":
+        return []
+    return [f"resources/datasets/{wildcards.dataset}/{wildcards.split}.parquet"]

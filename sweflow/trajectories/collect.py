@@ -65,8 +65,12 @@ def collect_trajectories(
     session_prefix: str = "expert.",
     integrity_rules: IntegrityRules = DEFAULT_RULES,
     proxy_config: Any = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    public_url: str | None = None,
 ) -> list[dict[str, Any]]:
-    """`attempts` collect-only rollouts of every row through a pass-through proxy in front of `upstream`;
+    """`attempts` collect-only rollouts of every row through a pass-through proxy in front of `upstream`
+    (listening on host:port; `public_url`: how sandboxes reach it when not on this machine, e.g. E2B);
     prediction records in (row, attempt) order."""
     from ..proxy import ProxyConfig, ProxyServer
     from ..rollout.clients import HttpProxyClient
@@ -78,8 +82,9 @@ def collect_trajectories(
         session_prefix=session_prefix,
         integrity_rules=integrity_rules,
         evaluate=False,
+        router_url=public_url,
     )
-    with ProxyServer(upstream, None, proxy_config or ProxyConfig(), host="127.0.0.1", port=0) as proxy:
+    with ProxyServer(upstream, None, proxy_config or ProxyConfig(), host=host, port=port) as proxy:
         client = HttpProxyClient(proxy.url, admin_token=proxy.admin_token)
         dispatcher = Dispatcher(provider, client, config=cfg)
         groups = dispatcher.run_groups([dict(r) for r in rows], attempts)

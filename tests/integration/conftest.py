@@ -15,9 +15,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Every embedded run has this key in its environment, as a user's shell would: the SFT branch's expert
+# endpoint (scripted there) demands it, and no artifact, log or record may contain it (test_sft_pipeline.py).
+PLANTED_API_KEY = "sk-ant-api03-PLANTED-embedded-run-7d3f9a1c5e2b4d6f8a0c"
+
+
 def snakemake_env(work: Path) -> dict[str, str]:
     return {
         **os.environ,
+        "ANTHROPIC_API_KEY": PLANTED_API_KEY,
         "HF_HOME": str(work / ".hf"),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }

@@ -51,7 +51,9 @@ def snakemake(work: Path, profile: Path, *args: str, timeout: int = 1800, env=No
 
 # The embedded default without the SWE-smith branch (tests/fixtures/no_smith.yaml): CI's time.
 SLURM_CONFIGS = [*EMBEDDED_CONFIGS, str(ROOT / "tests" / "fixtures" / "no_smith.yaml")]
-SMITH_PATHS = re.compile(r"^(results/smith/|results/smith-calclib/|resources/datasets/smith-calclib/)")
+SMITH_PATHS = re.compile(
+    r"^(results/smith/|results/smith-calclib/|resources/datasets/smith-calclib/|results/sample/sft/)"
+)
 
 
 def local_rules() -> set[str]:
@@ -194,7 +196,9 @@ def test_byte_stable_outputs_equal_the_local_profile_run(slurm_run, embedded_loc
 
     work_s, work_l = slurm_run["work"], embedded_local_run
     slurm, local = manifest(work_s), manifest(work_l)
-    local = {p: h for p, h in local.items() if not SMITH_PATHS.match(p)}  # the Slurm run has no smith branch
+    local = {
+        p: h for p, h in local.items() if not SMITH_PATHS.match(p)
+    }  # the Slurm run has no smith or SFT branch
     assert set(slurm) == set(local)
     same = [p for p in slurm if slurm[p] == local[p]]
     differ = sorted(p for p in slurm if slurm[p] != local[p])

@@ -30,7 +30,12 @@ def _answer(request):
             "content": [
                 {"type": "thinking", "thinking": "let me think", "signature": "sig-1"},
                 {"type": "text", "text": "Reading."},
-                {"type": "tool_use", "id": "toolu_a", "name": "Read", "input": {"file_path": "/testbed/a.py"}},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_a",
+                    "name": "Read",
+                    "input": {"file_path": "/testbed/a.py"},
+                },
             ],
             "stop_reason": "tool_use",
             "usage": {"input_tokens": 11, "output_tokens": 7},
@@ -71,9 +76,14 @@ def test_forwards_with_the_proxy_key_and_records_whole_turns(upstream_lm):
         assert [b["type"] for b in msg["content"]] == ["thinking", "text", "tool_use"]
         second = first + [
             {"role": "assistant", "content": msg["content"]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": "x = 1"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_a", "content": "x = 1"}],
+            },
         ]
-        r2 = requests.post(proxy.url + "/v1/messages", json=_body(second), headers={"x-api-key": token}, timeout=10)
+        r2 = requests.post(
+            proxy.url + "/v1/messages", json=_body(second), headers={"x-api-key": token}, timeout=10
+        )
         assert r2.json()["content"] == [{"type": "text", "text": "Done."}]
         traj = requests.post(proxy.url + "/trajectory/read", json={"session_id": "expert.task-1:0:abcd1234"},
                              headers=admin, timeout=10).json()  # fmt: skip
@@ -89,7 +99,11 @@ def test_forwards_with_the_proxy_key_and_records_whole_turns(upstream_lm):
     assert turns[0]["tool_calls"] == [{"name": "Read", "input": {"file_path": "/testbed/a.py"}}]
     assert turns[1]["request"]["messages"] == second
     assert turns[1]["request"]["system"] == [{"type": "text", "text": "You are exact."}]
-    assert turns[0]["response"]["content"][0] == {"type": "thinking", "thinking": "let me think", "signature": "sig-1"}
+    assert turns[0]["response"]["content"][0] == {
+        "type": "thinking",
+        "thinking": "let me think",
+        "signature": "sig-1",
+    }
     assert KEY not in json.dumps(traj)
 
 

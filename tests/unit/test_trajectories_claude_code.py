@@ -51,7 +51,10 @@ def test_a_recorded_session_becomes_tool_call_messages(pred):
     error = traj.messages[6]
     assert error["role"] == "tool" and "String to replace not found" in error["content"]
     assert traj.meta["tool_errors"] == 1 and traj.meta["main_turns"] == 4
-    assert traj.messages[-1] == {"role": "assistant", "content": pred["turns"][-1]["response"]["content"][0]["text"]}
+    assert traj.messages[-1] == {
+        "role": "assistant",
+        "content": pred["turns"][-1]["response"]["content"][0]["text"],
+    }
     assert "RIGHT_ASSOCIATIVE" in traj.messages[3]["content"] + traj.messages[4]["content"]
 
 
@@ -101,26 +104,31 @@ def test_a_compacted_or_forked_context_is_refused(pred):
         read_claude_code(none)
 
 
-PATCH = """diff --git a/pkg/m.py b/pkg/m.py
---- a/pkg/m.py
-+++ b/pkg/m.py
-@@ -1,3 +1,3 @@
- def f(x):
--    return x - 1
-+    return x + 1
- 
-@@ -10,2 +10,3 @@ def g():
-     a = 1
-+    b = 2
-     return a
-diff --git a/pkg/new.py b/pkg/new.py
-new file mode 100644
---- /dev/null
-+++ b/pkg/new.py
-@@ -0,0 +1,2 @@
-+X = 1
-+Y = 2
-"""
+PATCH = "\n".join(
+    [
+        "diff --git a/pkg/m.py b/pkg/m.py",
+        "--- a/pkg/m.py",
+        "+++ b/pkg/m.py",
+        "@@ -1,3 +1,3 @@",
+        " def f(x):",
+        "-    return x - 1",
+        "+    return x + 1",
+        " ",
+        "@@ -10,2 +10,3 @@ def g():",
+        "     a = 1",
+        "+    b = 2",
+        "     return a",
+        "diff --git a/pkg/new.py b/pkg/new.py",
+        "new file mode 100644",
+        "--- /dev/null",
+        "+++ b/pkg/new.py",
+        "@@ -0,0 +1,2 @@",
+        "+X = 1",
+        "+Y = 2",
+        "",
+        "",
+    ]
+)
 
 
 def test_gold_patch_hunks_become_edits_and_writes():

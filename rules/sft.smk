@@ -1,0 +1,106 @@
+# SFT branch (SWE-smith's recipe): expert trajectories on the validated tasks (Claude Code in each task's
+# sandbox, its model calls through the proxy's pass-through mode to sft.collect.expert) -> every patch graded
+# in a fresh sandbox (resolved and integrity-clean ones kept) -> chat messages in two forms (tool calls with
+# schemas; SWE-smith's text form) -> TRL SFTTrainer on train.model.
+
+
+wildcard_constraints:
+    shard=r"\d+",
+    run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
+
+
+rule collect_trajectories:
+    input:
+        jsonl="results/{dataset}/{split}/tasks.valid.jsonl",
+        template_map="results/{dataset}/template-map.json",
+        parquet=expert_parquet,
+    output:
+        predictions="results/{dataset}/sft/predictions/{split}/{shard}.jsonl.gz",
+    log:
+        "logs/{dataset}/collect_trajectories/{split}/{shard}.log",
+    conda:
+        "../envs/agent.yaml"
+    threads: SFT["collect"]["max_concurrency"]
+    params:
+        # the key's variable name only: the script reads the value from its environment
+        collect=redacted(SFT["collect"]),
+        provider=PROVIDER,
+        sandbox=redacted(config["sandbox"]),
+        shape=dataset_setting("shape"),
+    script:
+        "../scripts/collect_trajectories.py"
+
+
+rule evaluate_predictions:
+    input:
+        predictions="results/{dataset}/sft/predictions/{split}/{shard}.jsonl.gz",
+        jsonl="results/{dataset}/{split}/tasks.valid.jsonl",
+    output:
+        evaluations="results/{dataset}/sft/evaluations/{split}/{shard}.jsonl",
+        evidence="results/{dataset}/sft/evaluations/{split}/{shard}.evidence.jsonl.gz",
+    log:
+        "logs/{dataset}/evaluate_predictions/{split}/{shard}.log",
+    conda:
+        "../envs/agent.yaml"
+    threads: SFT["evaluate"]["parallel"]
+    params:
+        provider=PROVIDER,
+        sandbox=redacted(config["sandbox"]),
+        parallel=SFT["evaluate"]["parallel"],
+    script:
+        "../scripts/evaluate_predictions.py"
+
+
+rule traj_to_messages:
+    input:
+        predictions=sft_files(
+            "results/{dataset}/sft/predictions/{split}/{shard}.jsonl.gz"
+        ),
+        evaluations=sft_files("results/{dataset}/sft/evaluations/{split}/{shard}.jsonl"),
+        extra=[e["path"] for e in SFT["messages"]["extra"]],
+    output:
+        tools="results/{dataset}/sft/messages/tools.jsonl",
+        text="results/{dataset}/sft/messages/text.jsonl",
+        summary="results/{dataset}/sft/messages/summary.json",
+    log:
+        "logs/{dataset}/traj_to_messages.log",
+    # seconds of work on small files: not worth a cluster job
+    localrule: True
+    conda:
+        "../envs/sft.yaml"
+    params:
+        extra=SFT["messages"]["extra"],
+    script:
+        "../scripts/traj_to_messages.py"
+
+
+# One allocation of `nodes` nodes under profiles/slurm; accelerate (FSDP2) starts one process per GPU.
+rule train_sft:
+    input:
+        messages=f"results/{{dataset}}/sft/messages/{SFT['train']['form']}.jsonl",
+        model=f"models/{MODEL_NAME}/hf",
+    output:
+        summary="results/{dataset}/sft/train/{run}/summary.json",
+        metrics="results/{dataset}/sft/train/{run}/metrics.jsonl",
+        final=directory("results/{dataset}/sft/train/{run}/final"),
+    log:
+        "logs/{dataset}/train_sft/{run}.log",
+    conda:
+        "../envs/sft.yaml"
+    threads: 64
+    resources:
+        nodes=SFT_NODES,
+        tasks=SFT_NODES,
+        tasks_per_gpu=0,
+        mpi="srun" if SFT_NODES > 1 else "",
+        gres=f"gpu:{SFT_GPUS}" if SFT_GPUS else "",
+        slurm_extra="--ntasks-per-node=1 --exclusive",
+    params:
+        train=SFT["train"],
+    script:
+        "../scripts/train_sft.py"
+
+
+rule sft:
+    input:
+        SFT_TARGETS,

@@ -1,0 +1,345 @@
+"""The SFT stage (rules/sft.smk) as plain functions: expert trajectories -> fresh-sandbox grading -> chat
+messages -> supervised fine-tuning (SWE-smith's recipe).
+
+- `collect_trajectories_step`: k attempts per valid task of one shard with the real agent; its model calls go
+  through the proxy's pass-through mode to the `sft.collect.expert` endpoint (the real API for users, the
+  scripted expert offline). The key is read from the environment by name and never written anywhere.
+- `evaluate_predictions_step`: every attempt's patch in a fresh sandbox; kept = resolved and integrity-clean.
+- `traj_to_messages_step`: the kept trajectories (plus published SWE-agent `.traj` files, when configured) as
+  tool-call chat JSONL and SWE-smith's text form, and a summary whose counts add up.
+- `train_sft_step`: TRL's SFTTrainer on one of the two forms (sweflow.train.sft).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import DatasetError, TrainError
+from ..grading.evaluate import read_evidence, write_evidence
+from ..rulekit import from_snakemake
+from ..sandbox.registry import provider_from_config
+from ..util import atomic_write, atomic_write_json
+
+__all__ = [
+    "collect_trajectories_step",
+    "evaluate_predictions_step",
+    "from_snakemake",
+    "traj_to_messages_step",
+    "train_sft_step",
+]
+
+log = logging.getLogger("sweflow.sft")
+
+
+def _valid_rows(jsonl_files: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    rows = []
+    for path in jsonl_files:
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                row["metadata"]["instance_id"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise DatasetError(
+                    f"bad training row: {exc}", file=str(path), row=n, field="metadata"
+                ) from None
+            rows.append(row)
+    return rows
+
+
+def shard_rows(rows: Sequence[dict[str, Any]], shard: int, shards: int, limit: int | None) -> list[dict]:
+    """The rows of one shard (by a stable hash of the instance id) after the first `limit` rows."""
+    from ..smith.candidates import shard_of
+
+    picked = list(rows)[:limit] if limit is not None else list(rows)
+    return [r for r in picked if shard_of(r["metadata"]["instance_id"], shards) == shard]
+
+
+@contextlib.contextmanager
+def expert_upstream(
+    expert: Mapping[str, Any], parquets: Sequence[tuple[str, str | os.PathLike]], shape: str = "auto"
+) -> Iterator[Any]:
+    """The pass-through Upstream for the `sft.collect.expert` section; "scripted" serves the offline expert
+    (it replays the gold patches of the given (split, parquet) files) for the duration."""
+    from ..proxy.passthrough import upstream_from_settings
+
+    if expert.get("endpoint") != "scripted":
+        yield upstream_from_settings(expert)
+        return
+    from ..trajectories.expert import DEFAULT_PLAN, base_url, scripted_expert
+    from .validate import gold_patches
+
+    patches: dict[str, str] = {}
+    for split, parquet in parquets:
+        patches.update(gold_patches(parquet, split=split, shape=shape))
+    env_name = expert.get("api_key_env")
+    # The offline expert checks a key like the real API does: the configured variable's value when it is
+    # set (a test plants one), else a random one made here; either way it only lives in this process.
+    key = os.environ.get(env_name or "", "") or secrets.token_urlsafe(24)
+    with scripted_expert(patches, expert.get("plan") or DEFAULT_PLAN, api_key=key) as server:
+        yield upstream_from_settings(
+            {**expert, "endpoint": base_url(server), "api_key_env": "KEY"}, environ={"KEY": key}
+        )
+
+
+def _with_backend(rows: Sequence[dict[str, Any]], overrides: Mapping[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        row = json.loads(json.dumps(row))
+        meta = row["metadata"]
+        meta["backend_options"] = {**(meta.get("backend_options") or {}), **dict(overrides or {})}
+        out.append(row)
+    return out
+
+
+def collect_trajectories_step(
+    jsonl_files: Sequence[str | os.PathLike],
+    parquets: Sequence[tuple[str, str | os.PathLike]],
+    out: str | os.PathLike,
+    *,
+    shard: int,
+    collect: Mapping[str, Any],
+    provider: str,
+    cfg: Mapping[str, Any],
+    shape: str = "auto",
+) -> dict[str, Any]:
+    """One shard's prediction records (gzip JSON lines); returns a count summary."""
+    from ..trajectories.collect import collect_trajectories
+
+    proxy = dict(collect.get("proxy") or {})
+    if provider == "e2b" and not proxy.get("public_url"):
+        raise TrainError(
+            "E2B sandboxes reach the proxy over the internet: set sft.collect.proxy.public_url",
+            field="sft.collect.proxy.public_url",
+        )
+    rows = shard_rows(_valid_rows(jsonl_files), shard, int(collect["shards"]), collect.get("limit"))
+    rows = _with_backend(rows, collect.get("backend_options") or {})
+    preds: list[dict[str, Any]] = []
+    if rows:
+        with expert_upstream(collect["expert"], parquets, shape) as upstream:
+            preds = collect_trajectories(
+                rows,
+                provider=provider_from_config(provider, cfg),
+                upstream=upstream,
+                attempts=int(collect["attempts"]),
+                max_concurrency=int(collect["max_concurrency"]),
+                host=str(proxy.get("host") or "127.0.0.1"),
+                port=int(proxy.get("port") or 0),
+                public_url=proxy.get("public_url"),
+            )
+            text = json.dumps(preds, ensure_ascii=False)
+            if upstream.scrub(text) != text:  # the key must never reach an artifact
+                raise TrainError("a recorded trajectory contains the upstream API key", file=str(out))
+    write_evidence(out, preds)
+    counts = Counter(p["status"] for p in preds)
+    log.info("shard %d: %d tasks x %s attempts: %s", shard, len(rows), collect["attempts"], dict(counts))
+    return {"tasks": len(rows), "attempts": len(preds), **counts}
+
+
+def evaluate_predictions_step(
+    predictions: str | os.PathLike,
+    jsonl_files: Sequence[str | os.PathLike],
+    out: str | os.PathLike,
+    evidence_out: str | os.PathLike,
+    *,
+    provider: str,
+    cfg: Mapping[str, Any],
+    parallel: int = 2,
+) -> dict[str, Any]:
+    """Every prediction of one shard graded in a fresh sandbox: evaluation records (JSONL) + evidence."""
+    from ..rollout.evaluator import FreshEvaluator
+    from ..smith.candidates import write_jsonl
+    from ..trajectories.collect import grade_predictions
+
+    rows = {r["metadata"]["instance_id"]: r for r in _valid_rows(jsonl_files)}
+    preds = read_evidence(predictions)
+    records, evidence = grade_predictions(
+        preds,
+        rows,
+        provider=provider_from_config(provider, cfg, purpose="eval"),
+        evaluator=FreshEvaluator(network=cfg.get("network")),
+        parallel=parallel,
+    )
+    write_evidence(evidence_out, evidence)
+    write_jsonl(out, records)
+    counts = Counter(r["drop_reason"] or "kept" for r in records)
+    log.info("graded %d predictions: %s", len(records), dict(counts))
+    return dict(counts)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _external(extra: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Published SWE-agent trajectories: (trajectories kept, dropped records). Each entry: `path` (a .traj
+    file or a folder of them) and `resolved` (a file of resolved instance ids, one per line or a JSON list;
+    null keeps every trajectory with a submission)."""
+    from ..trajectories.swe_agent import read_traj
+
+    kept, dropped = [], []
+    for entry in extra:
+        root = Path(entry["path"])
+        files = sorted(root.rglob("*.traj")) if root.is_dir() else [root]
+        resolved = None
+        if entry.get("resolved"):
+            text = Path(entry["resolved"]).read_text(encoding="utf-8")
+            ids = json.loads(text) if text.lstrip().startswith("[") else text.split()
+            resolved = {str(i) for i in ids}
+        for f in files:
+            traj = read_traj(f)
+            if resolved is not None and traj.instance_id not in resolved:
+                dropped.append({"id": traj.id, "source": str(f), "drop_reason": "not_resolved"})
+            elif resolved is None and not (traj.patch or "").strip():
+                dropped.append({"id": traj.id, "source": str(f), "drop_reason": "no_submission"})
+            else:
+                kept.append(traj)
+    return kept, dropped
+
+
+def traj_to_messages_step(
+    predictions: Sequence[str | os.PathLike],
+    evaluations: Sequence[str | os.PathLike],
+    tools_out: str | os.PathLike,
+    text_out: str | os.PathLike,
+    summary_out: str | os.PathLike,
+    *,
+    extra: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The kept trajectories in both chat forms, and a summary: attempts collected, completed, graded,
+    resolved, kept and dropped by reason (the counts add up), the ids trained on and the system prompts."""
+    from ..smith.candidates import read_jsonl
+    from ..trajectories.claude_code import read_claude_code, tool_call_row
+    from ..trajectories.text_form import text_row
+
+    verdicts: dict[str, dict[str, Any]] = {}
+    for path in evaluations:
+        for rec in read_jsonl(path):
+            verdicts[rec["id"]] = rec
+    trajectories, dropped, attempts = [], Counter(), 0
+    statuses: Counter = Counter()
+    for path in predictions:
+        for pred in read_evidence(path):
+            attempts += 1
+            statuses[pred["status"]] += 1
+            verdict = verdicts.get(pred["id"])
+            if verdict is None:
+                raise DatasetError("prediction without an evaluation record", file=str(path), row=pred["id"],
+                                   field="id")  # fmt: skip
+            if not verdict["kept"]:
+                dropped[verdict["drop_reason"]] += 1
+                continue
+            trajectories.append(read_claude_code(pred, where=str(path)))
+    external, external_dropped = _external(extra)
+    trajectories.sort(key=lambda t: t.id)
+    external.sort(key=lambda t: t.id)
+    everything = trajectories + external
+    ids = [t.id for t in everything]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise DatasetError(f"two trajectories share the id {dup!r}", field="id")
+    tool_rows = [tool_call_row(t) for t in everything]
+    text_rows = [text_row(t) for t in everything]
+    atomic_write(
+        tools_out, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in tool_rows)
+    )
+    atomic_write(
+        text_out, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in text_rows)
+    )
+    prompts = {}
+    for t in everything:
+        prompts.setdefault(_sha(t.system), t.system)
+    graded = sum(1 for v in verdicts.values() if v["status"] == "graded")
+    summary = {
+        "attempts": attempts,
+        "collection": dict(sorted(statuses.items())),
+        "graded": graded,
+        "resolved": sum(1 for v in verdicts.values() if v.get("resolved")),
+        "kept": len(trajectories),
+        "dropped": sum(dropped.values()),
+        "dropped_by_reason": dict(sorted(dropped.items())),
+        "external": {"kept": len(external), "dropped": len(external_dropped), "records": external_dropped},
+        "rows": len(everything),
+        "trajectory_ids": ids,
+        "instances": len({t.instance_id for t in everything}),
+        "system_prompts": [{"sha256": k, "text": v} for k, v in sorted(prompts.items())],
+        "tools_sha256": sorted({_sha(json.dumps(t.tools, sort_keys=True)) for t in everything}),
+        "tool_calls": sum(len(m.get("tool_calls") or []) for t in everything for m in t.messages),
+    }
+    if summary["kept"] + summary["dropped"] != attempts:
+        raise DatasetError("kept + dropped does not add up to the attempts collected", file=str(summary_out))
+    atomic_write_json(summary_out, summary)
+    log.info("messages: %d rows (%d collected kept of %d attempts, %d external)", len(everything),
+             len(trajectories), attempts, len(external))  # fmt: skip
+    return summary
+
+
+def train_sft_step(
+    messages: str | os.PathLike,
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    summary_out: str | os.PathLike,
+    metrics_out: str | os.PathLike,
+    final_out: str | os.PathLike,
+    *,
+    train: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Fine-tune `model_dir` on the messages JSONL; final checkpoint in `final_out`, metrics and summary.
+
+    One process trains here; more (`parallel.nodes` x `gpus_per_node`) are started with accelerate (FSDP2
+    when `parallel.fsdp`), through srun on every node of the Slurm allocation when inside one."""
+    import shutil
+    import subprocess
+    import sys
+
+    from ..train.sft import SFTSettings, train_sft
+    from ..train.sft_worker import sft_launch
+
+    rows = [
+        json.loads(line) for line in Path(messages).read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    if not rows:
+        raise TrainError("no trajectory to fine-tune on (every attempt was dropped)", file=str(messages))
+    par = dict(train.get("parallel") or {})
+    nodes, gpus = int(par.get("nodes") or 1), int(par.get("gpus_per_node") or 0)
+    fields = set(SFTSettings.__dataclass_fields__)
+    known = {k: v for k, v in dict(train).items() if k in fields}
+    known["fsdp"] = "fsdp2" if par.get("fsdp", True) and gpus and nodes * gpus > 1 else None
+    settings = SFTSettings.from_mapping(known)
+    work = Path(out_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / "spec.json"
+    launch = sft_launch(settings, spec, nodes=nodes, gpus_per_node=gpus, python=sys.executable,
+                        job_id=os.environ.get("SLURM_JOB_ID"))  # fmt: skip
+    log.info("SFT launch: %s", launch.describe())
+    if launch.argv is None:
+        summary = train_sft(rows, model_dir, work, settings, metrics_path=metrics_out)
+    else:
+        worker_summary = work / "summary.worker.json"
+        worker_summary.unlink(missing_ok=True)
+        atomic_write_json(spec, {"rows": str(messages), "model_dir": str(model_dir), "out_dir": str(work),
+                                 "settings": known, "metrics_path": str(metrics_out),
+                                 "summary_path": str(worker_summary), "logs": str(work / "logs")})  # fmt: skip
+        proc = subprocess.run(launch.argv, check=False)
+        if proc.returncode != 0 or not worker_summary.exists():
+            raise TrainError(f"the SFT processes failed (exit {proc.returncode}); see {work / 'logs'}")
+        summary = json.loads(worker_summary.read_text(encoding="utf-8"))
+    summary["launch"] = {"world_size": launch.world_size, "nodes": [n.name for n in launch.nodes],
+                         "rendezvous": launch.rendezvous}  # fmt: skip
+    final = Path(final_out)
+    if (work / "final").resolve() != final.resolve():
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(work / "final", final)
+    summary["final"] = str(final_out)
+    atomic_write_json(summary_out, summary)
+    return summary
