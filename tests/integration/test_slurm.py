@@ -416,3 +416,47 @@ def test_verl_launch_brings_up_one_ray_cluster_over_both_nodes(slurm_cluster, tm
     assert report["trainer"]["strategy"] == "megatron"
     assert "stopping before verl's trainer" in text
     assert "ray head n1" in text and (logs / "ray-worker-1.log").exists()
+
+
+# ------------------------------------------------------------------------------------------------ SFT
+
+
+def test_train_sft_is_one_two_node_job_training_data_parallel(slurm_cluster, tmp_path):
+    """train_sft with sft.train.parallel.nodes 2 (CPU): one 2-node Slurm job, accelerate on each node through
+    srun, one data-parallel process per node; the inputs are the recorded Claude Code session (four copies)
+    and the tiny model, put where the rule reads them (only train_sft may run)."""
+    import gzip
+
+    from sweflow.proxy.tiny import build_tiny_model
+    from sweflow.trajectories.claude_code import read_claude_code, tool_call_row
+
+    work = tmp_path / "work"
+    pred = json.loads(gzip.decompress((ROOT / "tests/fixtures/trajectories/claude_code_prediction.json.gz")
+                                      .read_bytes()))  # fmt: skip
+    row = tool_call_row(read_claude_code(pred))
+    messages = work / "results/sample/sft/messages/tools.jsonl"
+    messages.parent.mkdir(parents=True)
+    messages.write_text("".join(json.dumps({**row, "id": f"{row['id']}-{i}"}) + "\n" for i in range(4)))
+    build_tiny_model(work / "models/sweflow--tiny-qwen3-swa/hf")
+    overlay = tmp_path / "sft-2n.yaml"
+    overlay.write_text(yaml.safe_dump({"sft": {"train": {"run": "tiny-2n", "epochs": 2, "lr": 1e-3,
+        "max_length": 32768, "parallel": {"nodes": 2, "gpus_per_node": 0}}}}))  # fmt: skip
+    profile = merged_profile(tmp_path / "profile")
+    out = "results/sample/sft/train/tiny-2n"
+    res = snakemake(work, profile, f"{out}/summary.json", "--configfile", *SLURM_CONFIGS, str(overlay),
+                    "--allowed-rules", "train_sft", timeout=900)  # fmt: skip
+    assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    print(f"\n2-node SFT under Slurm: {res.seconds:.0f} s")
+    rec = json.loads((work / ".provenance" / f"{out}/summary.json.json").read_text())
+    assert rec["slurm"]["nodes"] == slurm_cluster["nodes"][:2] and rec["slurm"]["partition"] == "gpu"
+    summary = json.loads((work / out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["launch"]["nodes"] == rec["slurm"]["nodes"]
+    assert summary["kept"] == 4 and summary["loss_last"] < summary["loss_first"], summary
+    # 4 rows, one per process per step: 2 steps an epoch
+    metrics = [json.loads(x) for x in (work / out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4] == list(range(1, summary["steps"] + 1))
+    for r in (0, 1):
+        assert (work / out / "work" / "logs" / f"sft-rank-{r}.log").exists()
+    job = subprocess.run(["scontrol", "show", "job", "-o", rec["slurm"]["job_id"]], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert "NumNodes=2 " in job and "NumTasks=2 " in job and "JobState=COMPLETED" in job, job
