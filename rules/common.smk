@@ -227,6 +227,8 @@ TRAIN_TARGETS = [f"{GRPO_DIR}/summary.json"] if TRAIN["enabled"] else []
 
 def grpo_model(wildcards):
     """The weights GRPO starts from: the warm-started model when configured, else the Hub snapshot."""
+    if TRAIN["warm_start"]["enabled"] and TRAIN["warm_start"]["source"] == "sft":
+        return f"results/{wildcards.dataset}/sft/train/{config['sft']['train']['run']}/final"
     if TRAIN["warm_start"]["enabled"]:
         return f"results/{wildcards.dataset}/warm_start/{MODEL_NAME}/hf"
     return f"models/{MODEL_NAME}/hf"

@@ -253,7 +253,20 @@ def _train_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     except ConfigError as exc:
         path = tuple(str(exc.field or "train").split("."))
         raise ConfigError(exc.problem, file=_where(origins, path), field=exc.field, hint=exc.hint) from None
-    if train["warm_start"]["enabled"] and not cfg["e2e"].get("instance"):
+    ws = train["warm_start"]
+    if ws["enabled"] and ws.get("source") == "sft":
+        sft = cfg.get("sft") or {}
+        if (
+            not (sft.get("enabled") and sft["train"]["enabled"])
+            or (sft.get("dataset") or cfg["dataset"]["name"]) != cfg["dataset"]["name"]
+        ):
+            raise ConfigError(
+                "the warm start from SFT needs the SFT branch (sft.enabled, sft.train.enabled) on dataset.name",
+                file=_where(origins, ("train", "warm_start", "source")),
+                field="train.warm_start.source",
+                hint="enable sft on this dataset, or warm_start.source: e2e",
+            )
+    elif ws["enabled"] and not cfg["e2e"].get("instance"):
         raise ConfigError(
             "the warm start trains on the e2e check's recorded sessions, and e2e.instance is null",
             file=_where(origins, ("train", "warm_start", "enabled")),

@@ -62,6 +62,8 @@ class ProxyConfig:
     linearize: LinearizeConfig = field(default_factory=LinearizeConfig)
     max_workers: int = 256
     record_messages: bool = False  # keep each turn's request/response messages (always in pass-through)
+    # Pass-through: the most requests one session may send upstream (the key pays for them; None: no cap)
+    max_session_requests: int | None = None
 
 
 def default_stop_ids(tokenizer: Any) -> list[int]:
@@ -334,6 +336,13 @@ class ProxyServer:
         self, session_id: str, rec: SessionRecord, req: an.MessagesRequest, body: dict, headers: Any
     ) -> tuple[dict, SessionRecord, int]:
         received = time.time()
+        cap = self.config.max_session_requests
+        if cap is not None and rec.num_turns() >= cap:
+            raise HttpError(429, "rate_limit_error", f"this session has used its {cap} upstream requests")
+        body = dict(body)
+        body["max_tokens"] = min(
+            req.max_tokens, self.config.max_new_tokens
+        )  # the proxy's cap, not the agent's
         index = rec.next_index()
         message = self._forward(session_id, body, headers)
         blocks = [b for b in message["content"] if isinstance(b, dict)]

@@ -5,7 +5,9 @@ response it got. Claude Code also makes side requests without tools (titles, sum
 that solved the task is the main thread: the turns whose request lists tools. Each main-thread request
 repeats the whole conversation so far, so the last main turn's request plus its response is the whole run.
 That last turn is checked against the earlier ones: every earlier main response must appear, in order, as
-an assistant message of it (a compacted or forked context would not), or the transcript is refused.
+an assistant message of it (a compacted or forked context would not), and every assistant message of it must
+be a recorded response (the request is written on the sandbox side, so an unaccounted one is forged), or the
+transcript is refused.
 
 Anthropic -> OpenAI mapping: text blocks join into `content`; `tool_use` blocks become `tool_calls` (the
 block id, the name, the input as a JSON string); `tool_result` blocks become `tool` messages (in order,
@@ -125,6 +127,7 @@ def read_claude_code(record: Mapping[str, Any], *, where: str = "predictions") -
     # order; the recorded response replaces the re-sent copy (Claude Code re-sends some tool inputs with
     # defaults added, e.g. Edit's replace_all): the training target is what the model wrote.
     pos = 0
+    matched: set[int] = set()
     for turn in main:
         content = list(turn["response"].get("content") or [])
         key = _answer_key(content)
@@ -136,7 +139,14 @@ def read_claude_code(record: Mapping[str, Any], *, where: str = "predictions") -
             raise DatasetError("the last request does not contain every earlier answer (compacted or forked "
                                "context)", file=where, row=rid, field="turns")  # fmt: skip
         conversation[pos] = {"role": "assistant", "content": content}
+        matched.add(pos)
         pos += 1
+    # The request comes from the sandbox side: an assistant message there that no recorded answer accounts
+    # for was never written by the model (a forged history), and training on it would teach it.
+    forged = [i for i, m in enumerate(conversation) if m.get("role") == "assistant" and i not in matched]
+    if forged:
+        raise DatasetError(f"{len(forged)} assistant message(s) of the conversation match no recorded answer",
+                           file=where, row=rid, field="turns")  # fmt: skip
     counts: dict[str, int] = {}
     messages = openai_messages(conversation, counts)
     system = request.get("system")

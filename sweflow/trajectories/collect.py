@@ -84,7 +84,8 @@ def collect_trajectories(
         evaluate=False,
         router_url=public_url,
     )
-    with ProxyServer(upstream, None, proxy_config or ProxyConfig(), host=host, port=port) as proxy:
+    pcfg = proxy_config or ProxyConfig(max_new_tokens=32000, max_session_requests=400)
+    with ProxyServer(upstream, None, pcfg, host=host, port=port) as proxy:
         client = HttpProxyClient(proxy.url, admin_token=proxy.admin_token)
         dispatcher = Dispatcher(provider, client, config=cfg)
         groups = dispatcher.run_groups([dict(r) for r in rows], attempts)

@@ -188,3 +188,20 @@ def test_the_agent_still_needs_its_session_token(upstream_lm):
         r = requests.post(proxy.url + "/v1/messages", json=_body([{"role": "user", "content": "hi"}]),
                           headers={"x-api-key": KEY}, timeout=10)  # fmt: skip
     assert r.status_code == 401 and upstream_lm.requests == []
+
+
+def test_the_proxy_caps_tokens_and_requests_per_session(upstream_lm):
+    up = Upstream(upstream_lm.url.removesuffix("/v1"), api_key_env="K", environ={"K": KEY})
+    with ProxyServer(up, None, ProxyConfig(max_new_tokens=50, max_session_requests=2)) as proxy:
+        token, _ = _session(proxy)
+        codes = [
+            requests.post(
+                proxy.url + "/v1/messages",
+                json=_body([{"role": "user", "content": "hi"}], max_tokens=999),
+                headers={"x-api-key": token},
+                timeout=10,
+            ).status_code  # fmt: skip
+            for _ in range(3)
+        ]
+    assert codes == [200, 200, 429]
+    assert [b["max_tokens"] for b in upstream_lm.bodies] == [50, 50]
