@@ -282,6 +282,18 @@ def _train_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
         )
 
 
+def _sft_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
+    """A real expert endpoint needs a fixed model: otherwise whatever runs in the sandbox picks it."""
+    sft = cfg.get("sft") or {}
+    expert = (sft.get("collect") or {}).get("expert") or {}
+    if sft.get("enabled") and expert.get("endpoint") != "scripted" and not expert.get("model"):
+        raise ConfigError(
+            "a real expert endpoint needs sft.collect.expert.model (else the agent's requests choose the model)",
+            file=_where(origins, ("sft", "collect", "expert", "endpoint")),
+            field="sft.collect.expert.model",
+        )
+
+
 def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     """Synthesized tasks form one split, `train`; the repository profiles must load (one line each)."""
     from .errors import SmithError
@@ -336,6 +348,7 @@ def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
 def _semantic_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     _train_checks(cfg, origins)
     _smith_checks(cfg, origins)
+    _sft_checks(cfg, origins)
     ds = cfg["dataset"]
     for i, name in enumerate(ds.get("select_splits") or []):
         if name not in ds["splits"]:

@@ -10,10 +10,17 @@ Forwarding rules:
 - the body goes as the agent sent it, except: `stream` false (the proxy answers a streaming client with the
   same event sequence it uses for its own engines), `model` replaced when `model` is set, and
   `metadata.user_id` set to the proxy session id (an opaque identifier the API documents for this);
-- `anthropic-version` and `anthropic-beta` headers pass through (Claude Code's features need them);
-- 429, 5xx and connection failures are retried `attempts` times with backoff; the final failure is an
-  HTTP error to the agent (the rollout then aborts as `proxy_error`, never a verdict about the task);
-- any text coming back from the upstream is scrubbed of the key before it is logged or returned.
+- only the Messages fields of `FORWARDED_FIELDS` and custom tools go upstream (no server tools, MCP servers
+  or containers: the sandbox's only way out is the conversation itself); an answer using a server-side tool
+  is refused;
+- `anthropic-version` and `anthropic-beta` headers pass through (Claude Code's features need them), minus
+  the betas that reach outside the conversation or change the price;
+- 429, 5xx and connection failures are retried `attempts` times with backoff; a read timeout is not (the
+  generation may be billed already); the final failure is an HTTP error to the agent (the rollout then
+  aborts as `proxy_error`, never a verdict about the task); redirects are never followed; an http://
+  endpoint must be on this machine;
+- `count_tokens` is answered here with an estimate (no upstream request);
+- any text coming back from the upstream is scrubbed of the key before it is cut, logged or returned.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import logging
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +64,9 @@ class Upstream:
         env = os.environ if environ is None else environ
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"upstream endpoint must be an http(s) URL, got {base_url!r}")
+        host = urllib.parse.urlsplit(base_url).hostname or ""
+        if base_url.startswith("http://") and host not in ("127.0.0.1", "localhost", "::1"):
+            raise ConfigError(f"the upstream key would travel in clear: use https for {host}")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout_s = float(timeout_s)
@@ -81,6 +92,9 @@ class Upstream:
         headers = {"content-type": "application/json", "anthropic-version": DEFAULT_VERSION}
         for name in FORWARDED_HEADERS:
             value = incoming.get(name) if incoming is not None else None
+            if value and name == "anthropic-beta":
+                kept = [b.strip() for b in str(value).split(",") if b.strip() and not _blocked_beta(b)]
+                value = ",".join(kept)
             if value:
                 headers[name] = str(value)
         if self._key:
@@ -97,21 +111,49 @@ class Upstream:
                 self.base_url + path, data=data, headers=self._headers(incoming), method="POST"
             )
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                with _OPENER.open(req, timeout=self.timeout_s) as resp:
                     return json.loads(resp.read() or b"{}")
             except urllib.error.HTTPError as exc:
-                detail = self.scrub(_error_message(exc))
+                if 300 <= exc.code < 400:  # never follow: the key would go wherever the redirect points
+                    raise HttpError(502, "api_error", f"upstream answered a redirect ({exc.code})") from None
+                detail = _error_message(exc, self.scrub)
+                if exc.code in (401, 403):
+                    raise HttpError(exc.code, "authentication_error", f"upstream {exc.code}") from None
                 if exc.code not in RETRY_STATUS:
-                    kind = "authentication_error" if exc.code in (401, 403) else "invalid_request_error"
-                    raise HttpError(exc.code, kind, f"upstream {exc.code}: {detail}") from None
+                    raise HttpError(
+                        exc.code, "invalid_request_error", f"upstream {exc.code}: {detail}"
+                    ) from None
                 last = f"upstream {exc.code}: {detail}"
-            except (urllib.error.URLError, OSError, ValueError) as exc:
-                last = f"upstream unreachable: {self.scrub(str(getattr(exc, 'reason', exc)))}"
+            except urllib.error.URLError as exc:  # no connection: nothing was generated, so retrying is free
+                last = f"upstream unreachable: {self.scrub(str(exc.reason))[:300]}"
+            except (TimeoutError, OSError, ValueError) as exc:
+                # a read timeout or a broken answer after the request was sent: the generation may be billed
+                # already, so it is not sent again
+                raise HttpError(
+                    504, "timeout_error", f"upstream failed mid-answer: {type(exc).__name__}"
+                ) from None
             log.warning("upstream attempt %d/%d failed: %s", attempt + 1, self.attempts, last)
         raise HttpError(502, "api_error", last)
 
     def forward_body(self, body: dict, session_id: str) -> dict:
-        out = dict(body)
+        """What goes upstream: the allowed fields only, custom tools only (server tools, MCP servers and
+        containers would give the sandbox a way to the internet that the integrity scan never sees)."""
+        out = {k: v for k, v in body.items() if k in FORWARDED_FIELDS}
+        if isinstance(out.get("tools"), list):
+            out["tools"] = [
+                t for t in out["tools"] if isinstance(t, dict) and t.get("type") in (None, "custom")
+            ]
+            if not out["tools"]:
+                out.pop("tools")
+                out.pop("tool_choice", None)
+        thinking = out.get("thinking")
+        if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int):
+            # the budget must stay below max_tokens (which the proxy may have lowered) and at least 1024
+            room = int(out.get("max_tokens") or 0) - 1
+            if room < 1024:
+                out.pop("thinking")
+            else:
+                out["thinking"] = {**thinking, "budget_tokens": min(thinking["budget_tokens"], room)}
         out["stream"] = False
         if self.model:
             out["model"] = self.model
@@ -124,10 +166,14 @@ class Upstream:
         """One Messages call; the upstream's message object (checked for the fields the proxy needs)."""
         message = self._post("/v1/messages", self.forward_body(body, session_id), headers)
         content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list) or any(
-            not isinstance(b, dict) or not isinstance(b.get("type"), str) for b in content
-        ):
-            raise HttpError(502, "api_error", "upstream answered without a list of content blocks")
+        if not isinstance(content, list) or any(not _block_ok(b) for b in content):
+            raise HttpError(
+                502, "api_error", "upstream answered without a list of well-formed content blocks"
+            )
+        if any(b["type"] in ("server_tool_use", "mcp_tool_use") for b in content):
+            raise HttpError(
+                502, "api_error", "upstream used a server-side tool, which pass-through does not allow"
+            )
         message.setdefault("type", "message")
         message.setdefault("role", "assistant")
         message.setdefault("stop_sequence", None)
@@ -140,17 +186,57 @@ class Upstream:
         return message
 
     def count_tokens(self, body: dict, headers: Mapping[str, str] | None = None) -> dict:
-        out = {k: v for k, v in body.items() if k not in ("stream", "max_tokens", "metadata")}
-        if self.model:
-            out["model"] = self.model
-        return self._post("/v1/messages/count_tokens", out, headers)
+        """An estimate made here (about 4 characters a token): a count upstream would be one more request
+        the sandbox could make on the key's account, outside the session's request cap."""
+        return {"input_tokens": len(json.dumps(body, ensure_ascii=False)) // 4}
 
 
-def _error_message(exc: urllib.error.HTTPError) -> str:
+# The Messages fields pass-through forwards (anything else, e.g. mcp_servers, container, context_management,
+# service_tier, is dropped).
+FORWARDED_FIELDS = frozenset(
+    {"model", "max_tokens", "messages", "system", "tools", "tool_choice", "temperature", "top_p", "top_k",
+     "stop_sequences", "thinking", "metadata"}
+)  # fmt: skip
+# Beta features that reach outside the conversation (servers, files, code execution, search) or change the
+# price (1M context): never forwarded.
+_BLOCKED_BETAS = ("mcp", "web-fetch", "web-search", "code-execution", "files-api", "context-1m", "computer-use",
+                  "skills", "container", "context-management")  # fmt: skip
+
+
+def _blocked_beta(beta: str) -> bool:
+    return any(word in beta.lower() for word in _BLOCKED_BETAS)
+
+
+def _block_ok(b: Any) -> bool:
+    if not isinstance(b, dict) or not isinstance(b.get("type"), str):
+        return False
+    if b["type"] == "text":
+        return isinstance(b.get("text"), str)
+    if b["type"] == "tool_use":
+        return (
+            isinstance(b.get("id"), str)
+            and isinstance(b.get("name"), str)
+            and isinstance(b.get("input"), dict)
+        )
+    if b["type"] == "thinking":
+        return isinstance(b.get("thinking"), str)
+    return True
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kw: Any) -> None:
+        return None  # the 3xx surfaces as an HTTPError
+
+
+# no redirects, and no *_proxy environment variables: the key goes to base_url and nowhere else
+_OPENER = urllib.request.build_opener(_NoRedirect, urllib.request.ProxyHandler({}))
+
+
+def _error_message(exc: urllib.error.HTTPError, scrub: Any) -> str:
     try:
-        raw = exc.read()[:2000].decode("utf-8", "replace")
+        raw = scrub(exc.read()[:4000].decode("utf-8", "replace"))
     except OSError:
-        return exc.reason or ""
+        return scrub(str(exc.reason or ""))[:300]
     try:
         err = json.loads(raw).get("error") or {}
         return str(err.get("message") or raw)[:300]

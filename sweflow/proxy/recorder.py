@@ -150,6 +150,19 @@ class SessionRecord:
         self._next_index = 0
         self._lock = threading.Lock()
         self._tool_inputs: dict[str, dict] = {}
+        self._in_flight = 0
+
+    def enter(self, limit: int | None) -> bool:
+        """Count one request in flight unless `limit` are already (None: no limit)."""
+        with self._lock:
+            if limit is not None and self._in_flight >= limit:
+                return False
+            self._in_flight += 1
+            return True
+
+    def leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     def remember_tool_inputs(self, blocks: list[dict]) -> None:
         """Keep each tool_use input exactly as the model produced it (keys in the model's order)."""

@@ -64,6 +64,7 @@ class ProxyConfig:
     record_messages: bool = False  # keep each turn's request/response messages (always in pass-through)
     # Pass-through: the most requests one session may send upstream (the key pays for them; None: no cap)
     max_session_requests: int | None = None
+    max_session_in_flight: int | None = None  # pass-through: requests of one session upstream at once
 
 
 def default_stop_ids(tokenizer: Any) -> list[int]:
@@ -337,14 +338,19 @@ class ProxyServer:
     ) -> tuple[dict, SessionRecord, int]:
         received = time.time()
         cap = self.config.max_session_requests
-        if cap is not None and rec.num_turns() >= cap:
+        index = rec.next_index()  # reserved before forwarding: failed and timed-out requests count too
+        if cap is not None and index >= cap:
             raise HttpError(429, "rate_limit_error", f"this session has used its {cap} upstream requests")
         body = dict(body)
         body["max_tokens"] = min(
             req.max_tokens, self.config.max_new_tokens
         )  # the proxy's cap, not the agent's
-        index = rec.next_index()
-        message = self._forward(session_id, body, headers)
+        if not rec.enter(self.config.max_session_in_flight):
+            raise HttpError(429, "rate_limit_error", "too many requests of this session in flight")
+        try:
+            message = self._forward(session_id, body, headers)
+        finally:
+            rec.leave()
         blocks = [b for b in message["content"] if isinstance(b, dict)]
         rec.add(
             Turn(

@@ -114,6 +114,7 @@ def collect_trajectories_step(
     shape: str = "auto",
 ) -> dict[str, Any]:
     """One shard's prediction records (gzip JSON lines); returns a count summary."""
+    from ..proxy import ProxyConfig
     from ..trajectories.collect import collect_trajectories
 
     proxy = dict(collect.get("proxy") or {})
@@ -136,6 +137,11 @@ def collect_trajectories_step(
                 host=str(proxy.get("host") or "127.0.0.1"),
                 port=int(proxy.get("port") or 0),
                 public_url=proxy.get("public_url"),
+                proxy_config=ProxyConfig(
+                    max_new_tokens=int(proxy.get("max_tokens") or 32000),
+                    max_session_requests=proxy.get("max_requests", 400),
+                    max_session_in_flight=proxy.get("max_in_flight", 2),
+                ),
             )
             text = json.dumps(preds, ensure_ascii=False)
             if upstream.scrub(text) != text:  # the key must never reach an artifact
@@ -239,7 +245,11 @@ def traj_to_messages_step(
             if not verdict["kept"]:
                 dropped[verdict["drop_reason"]] += 1
                 continue
-            trajectories.append(read_claude_code(pred, where=str(path)))
+            try:
+                trajectories.append(read_claude_code(pred, where=str(path)))
+            except DatasetError as exc:  # one refused transcript is reported; the others go on
+                log.warning("transcript refused: %s", exc.one_line())
+                dropped[f"transcript_refused:{exc.field or 'turns'}"] += 1
     external, external_dropped = _external(extra)
     trajectories.sort(key=lambda t: t.id)
     external.sort(key=lambda t: t.id)

@@ -128,6 +128,7 @@ def read_claude_code(record: Mapping[str, Any], *, where: str = "predictions") -
     # defaults added, e.g. Edit's replace_all): the training target is what the model wrote.
     pos = 0
     matched: set[int] = set()
+    original = [_normal(m) for m in conversation]
     for turn in main:
         content = list(turn["response"].get("content") or [])
         key = _answer_key(content)
@@ -138,6 +139,16 @@ def read_claude_code(record: Mapping[str, Any], *, where: str = "predictions") -
         if pos == len(conversation):
             raise DatasetError("the last request does not contain every earlier answer (compacted or forked "
                                "context)", file=where, row=rid, field="turns")  # fmt: skip
+        # An answer counts only where it was given: its own request is exactly the conversation before it,
+        # with the same system prompt and tools (else a real answer to another request could be spliced in).
+        asked = turn["request"]
+        if (
+            [_normal(m) for m in asked.get("messages") or []] != original[:pos]
+            or _strip_cache(asked.get("system")) != _strip_cache(request.get("system"))
+            or _strip_cache(asked.get("tools")) != _strip_cache(request.get("tools"))
+        ):
+            raise DatasetError(f"answer {turn.get('index')} was given to a request that is not the conversation "
+                               "before it", file=where, row=rid, field="turns")  # fmt: skip
         conversation[pos] = {"role": "assistant", "content": content}
         matched.add(pos)
         pos += 1
@@ -168,6 +179,25 @@ def read_claude_code(record: Mapping[str, Any], *, where: str = "predictions") -
             **counts,
         },
     )
+
+
+def _strip_cache(value: Any) -> Any:
+    """`value` without cache_control marks (Claude Code moves its cache breakpoints from request to request)."""
+    if isinstance(value, dict):
+        return {k: _strip_cache(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_strip_cache(v) for v in value]
+    return value
+
+
+def _normal(message: Mapping[str, Any]) -> tuple:
+    """A message as compared across requests: assistant answers by their key (tool inputs are re-sent with
+    defaults added), everything else exactly, cache marks aside."""
+    if message.get("role") == "assistant":
+        return ("assistant", _answer_key(message.get("content")))
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return (message.get("role"), json.dumps(_strip_cache(blocks), sort_keys=True))
 
 
 def _answer_key(content: Any) -> tuple:

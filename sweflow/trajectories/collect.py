@@ -84,7 +84,9 @@ def collect_trajectories(
         evaluate=False,
         router_url=public_url,
     )
-    pcfg = proxy_config or ProxyConfig(max_new_tokens=32000, max_session_requests=400)
+    pcfg = proxy_config or ProxyConfig(
+        max_new_tokens=32000, max_session_requests=400, max_session_in_flight=2
+    )
     with ProxyServer(upstream, None, pcfg, host=host, port=port) as proxy:
         client = HttpProxyClient(proxy.url, admin_token=proxy.admin_token)
         dispatcher = Dispatcher(provider, client, config=cfg)

@@ -205,3 +205,80 @@ def test_the_proxy_caps_tokens_and_requests_per_session(upstream_lm):
         ]
     assert codes == [200, 200, 429]
     assert [b["max_tokens"] for b in upstream_lm.bodies] == [50, 50]
+
+
+def test_only_conversation_fields_and_custom_tools_go_upstream(upstream_lm):
+    # server tools, MCP servers and containers would give the sandbox a way out; count_tokens is local
+    with _proxy(upstream_lm) as proxy:
+        token, _ = _session(proxy)
+        tools = TOOLS + [{"type": "web_fetch_20250910", "name": "web_fetch"}, {"type": "web_search_20250305",
+                                                                              "name": "web_search"}]  # fmt: skip
+        body = _body([{"role": "user", "content": "hi"}], tools=tools, container="c1", service_tier="priority",
+                     mcp_servers=[{"type": "url", "url": "https://attacker.example/mcp", "name": "x"}],
+                     thinking={"type": "enabled", "budget_tokens": 64000})  # fmt: skip
+        headers = {
+            "x-api-key": token,
+            "anthropic-beta": "claude-code-20250219,mcp-client-2025-04-04,context-1m-2025-08-07",
+        }
+        r = requests.post(proxy.url + "/v1/messages", json=body, headers=headers, timeout=10)
+        assert r.status_code == 200, r.text
+        n = requests.post(proxy.url + "/v1/messages/count_tokens", json=body, headers=headers, timeout=10)
+        assert n.status_code == 200 and n.json()["input_tokens"] > 0
+    [sent] = upstream_lm.bodies  # the count was answered here
+    assert sent["tools"] == TOOLS
+    assert not {"container", "service_tier", "mcp_servers"} & set(sent)
+    assert "thinking" not in sent  # max_tokens 100 leaves no room for the 1024-token minimum budget
+
+
+def test_redirects_are_not_followed_and_remote_http_is_refused():
+    class Redirect(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):  # noqa: N802
+            self.send_response(307)
+            self.send_header("Location", "http://127.0.0.2:9/steal")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        up = Upstream(f"http://127.0.0.1:{srv.server_address[1]}", api_key_env="K", environ={"K": KEY})
+        with pytest.raises(Exception, match="redirect"):
+            up.messages({"model": "m", "max_tokens": 5, "messages": []}, session_id="s")
+    finally:
+        srv.shutdown()
+    with pytest.raises(ConfigError, match="https"):
+        Upstream("http://api.example.com", api_key_env="K", environ={"K": KEY})
+
+
+def test_one_session_cannot_have_more_than_its_share_in_flight():
+    gate = threading.Event()
+
+    def slow(request):
+        gate.wait(10)
+        return "late"
+
+    with ScriptedLM(slow, api_key=KEY) as lm:
+        up = Upstream(lm.url.removesuffix("/v1"), api_key_env="K", environ={"K": KEY})
+        with ProxyServer(up, None, ProxyConfig(max_session_in_flight=1, max_session_requests=5)) as proxy:
+            token, _ = _session(proxy)
+            codes = []
+
+            def call():
+                r = requests.post(proxy.url + "/v1/messages", json=_body([{"role": "user", "content": "hi"}]),
+                                  headers={"x-api-key": token}, timeout=20)  # fmt: skip
+                codes.append(r.status_code)
+
+            threads = [threading.Thread(target=call) for _ in range(3)]
+            for t in threads:
+                t.start()
+            for _ in range(100):
+                if len(codes) >= 2:
+                    break
+                threading.Event().wait(0.05)
+            gate.set()
+            for t in threads:
+                t.join()
+    assert sorted(codes) == [200, 429, 429] and len(lm.bodies) == 1

@@ -111,3 +111,16 @@ def test_a_trajectory_holding_the_key_fails_the_collection_job(monkeypatch, tmp_
     with pytest.raises(TrainError, match="contains the upstream API key") as exc:
         collect_trajectories_step([jsonl], [], out, shard=0, collect=collect, provider="local", cfg={})
     assert key not in str(exc.value) and not out.exists()
+
+
+def test_a_refused_transcript_is_dropped_and_counted_while_the_others_go_on(recorded, tmp_path):
+    preds, evals, kept = recorded
+    from sweflow.grading.evaluate import read_evidence
+
+    records = read_evidence(preds)
+    records[0]["turns"][-1]["request"]["messages"].insert(1, {"role": "assistant", "content": "forged"})
+    write_evidence(preds, records)
+    out = tmp_path / "m"
+    s = traj_to_messages_step([preds], [evals], out / "tools.jsonl", out / "text.jsonl", out / "summary.json")
+    assert s["kept"] == 0 and s["dropped"] == 3 and s["dropped_by_reason"]["transcript_refused:turns"] == 1
+    assert (out / "tools.jsonl").read_text() == ""
