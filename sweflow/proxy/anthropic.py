@@ -113,7 +113,7 @@ def parse_request(body: Any, *, require_max_tokens: bool = True) -> MessagesRequ
     )
 
 
-def _block_text(content: Any) -> str:
+def block_text(content: Any) -> str:
     """Flatten tool_result / system content (string or blocks) to text; images become a placeholder."""
     if content is None:
         return ""
@@ -121,8 +121,10 @@ def _block_text(content: Any) -> str:
         return content
     parts = []
     for block in content:
+        if not isinstance(block, dict):
+            continue
         if block.get("type") == "text":
-            parts.append(block["text"])
+            parts.append(str(block.get("text", "")))
         elif block.get("type") in ("image", "document"):
             parts.append(f"[{block['type']} omitted]")
     return "\n".join(parts)
@@ -130,7 +132,7 @@ def _block_text(content: Any) -> str:
 
 def system_text(system: str | list[dict] | None) -> str:
     """The system prompt as one string (Claude Code sends several text blocks)."""
-    return _block_text(system)
+    return block_text(system)
 
 
 def to_chat_messages(
@@ -190,7 +192,7 @@ def to_chat_messages(
             kind = block["type"]
             if kind == "tool_result":
                 flush()
-                text = _block_text(block.get("content"))
+                text = block_text(block.get("content"))
                 if block.get("is_error") and not text.startswith("Error"):
                     text = f"Error: {text}"
                 tool_id = str(block["tool_use_id"])

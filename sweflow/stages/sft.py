@@ -13,7 +13,6 @@ messages -> supervised fine-tuning (SWE-smith's recipe).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -27,7 +26,7 @@ from ..errors import DatasetError, TrainError
 from ..grading.evaluate import read_evidence, write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
-from ..util import atomic_write, atomic_write_json
+from ..util import atomic_write, atomic_write_json, sha256_bytes
 
 __all__ = [
     "collect_trajectories_step",
@@ -183,10 +182,6 @@ def evaluate_predictions_step(
     return dict(counts)
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _external(extra: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
     """Published SWE-agent trajectories: (trajectories kept, dropped records). Each entry: `path` (a .traj
     file or a folder of them) and `resolved` (a file of resolved instance ids, one per line or a JSON list;
@@ -268,7 +263,7 @@ def traj_to_messages_step(
     )
     prompts = {}
     for t in everything:
-        prompts.setdefault(_sha(t.system), t.system)
+        prompts.setdefault(sha256_bytes(t.system), t.system)
     graded = sum(1 for v in verdicts.values() if v["status"] == "graded")
     summary = {
         "attempts": attempts,
@@ -283,7 +278,7 @@ def traj_to_messages_step(
         "trajectory_ids": ids,
         "instances": len({t.instance_id for t in everything}),
         "system_prompts": [{"sha256": k, "text": v} for k, v in sorted(prompts.items())],
-        "tools_sha256": sorted({_sha(json.dumps(t.tools, sort_keys=True)) for t in everything}),
+        "tools_sha256": sorted({sha256_bytes(json.dumps(t.tools, sort_keys=True)) for t in everything}),
         "tool_calls": sum(len(m.get("tool_calls") or []) for t in everything for m in t.messages),
     }
     if summary["kept"] + summary["dropped"] != attempts:

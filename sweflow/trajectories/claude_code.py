@@ -23,21 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import DatasetError
+from ..proxy.anthropic import block_text
 from .types import Trajectory
-
-
-def _text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if isinstance(block, Mapping) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif isinstance(block, Mapping) and block.get("type") in ("image", "document"):
-            parts.append(f"[{block['type']} omitted]")
-    return "\n".join(parts)
 
 
 def openai_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
@@ -94,7 +81,7 @@ def openai_messages(
                 if b.get("is_error"):
                     counts["tool_errors"] = counts.get("tool_errors", 0) + 1
                 out.append({"role": "tool", "tool_call_id": tid, "name": names.get(tid, ""),
-                            "content": _text(b.get("content"))})  # fmt: skip
+                            "content": block_text(b.get("content"))})  # fmt: skip
             elif b.get("type") == "text":
                 texts.append(str(b.get("text", "")))
         if texts:
@@ -165,7 +152,7 @@ def read_claude_code(record: Mapping[str, Any], *, where: str = "predictions") -
         id=rid,
         instance_id=str(record.get("instance_id") or ""),
         source="claude_code",
-        system=_text(system),
+        system=block_text(system),
         messages=messages,
         tools=openai_tools(request.get("tools")),
         patch=record.get("patch"),

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatasetError
-from .text_form import swesmith_text_messages
+from .text_form import message_role, swesmith_text_messages
 from .types import Trajectory
 
 __all__ = ["read_traj"]
@@ -244,13 +244,7 @@ def _chat(history: list[Any], file: str) -> tuple[str, list[dict[str, Any]], dic
     counts = {"n_demo_messages": 0, "n_thinking_blocks": 0}
     for i, item in enumerate(history):
         field = f"history[{i}]"
-        if not isinstance(item, Mapping):
-            raise DatasetError(
-                f"a history entry must be an object, got {type(item).__name__}", file=file, field=field
-            )
-        role = item.get("role")
-        if not isinstance(role, str):
-            raise DatasetError("message without role", file=file, field=f"{field}.role")
+        role = message_role(item, file, field)
         if i == 0:
             main_agent = item.get("agent")
         elif "agent" in item and main_agent is not None and item["agent"] != main_agent:

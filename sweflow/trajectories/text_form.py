@@ -182,7 +182,8 @@ def _assistant_text(content: Any, thought: str, calls: list[str], *, legacy: boo
     return text if legacy else text.strip()
 
 
-def _role(message: Any, file: str, field: str) -> str:
+def message_role(message: Any, file: str, field: str) -> str:
+    """The message's role; DatasetError naming the file and field when it is not an object with a string role."""
     if not isinstance(message, Mapping):
         raise DatasetError(
             f"a message must be an object, got {type(message).__name__}", file=file, field=field
@@ -217,7 +218,7 @@ def _convert(
     out = []
     for i, message in enumerate(source):
         where = f"{field}[{i}]"
-        role = _role(message, file, where)
+        role = message_role(message, file, where)
         if role == "assistant":
             content = message.get("content")
             thought = message["thought"] if "thought" in message else content
@@ -311,7 +312,7 @@ def text_messages(traj: Trajectory, *, system_prompt: str | None = None) -> list
     out = [{"role": "system", "content": system}]
     for i, message in enumerate(traj.messages):
         where = f"messages[{i}]"
-        role = _role(message, file, where)
+        role = message_role(message, file, where)
         if role == "assistant":
             text = _plain(message.get("content"))
             calls = _calls_text(message.get("tool_calls"), file, f"{where}.tool_calls")
