@@ -11,7 +11,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -23,10 +22,8 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from sweflow.util import jsonl_line  # noqa: E402
+from tests.integration.test_e2e_check import CLAUDE, INSTANCE, task, training_row  # noqa: E402, F401
 
-CLAUDE = os.environ.get("SWEFLOW_CLAUDE_BIN") or shutil.which("claude")
-CLAUDE_VERSION = os.environ.get("SWEFLOW_CLAUDE_VERSION", "2.1.332")
-INSTANCE = "sweflow__calclib-1"
 PLANTED = "sk-ant-api03-PLANTED-sft-collect-4f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 pytestmark = [
@@ -37,39 +34,25 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def task_files(tmp_path_factory):
-    """A local template of the sample task, its training row (JSONL) and its split parquet."""
+def task_files(task):  # noqa: F811 - the e2e check's fixture
+    """A local template of the e2e check's sample task, its training row (JSONL) and its split parquet."""
     if CLAUDE is None:
         pytest.skip("Claude Code CLI not found")
-    from sweflow.dataset.convert import ConvertOptions, convert_instance
-    from sweflow.sample import materialize_repo, sample_rows, write_parquet
-    from sweflow.sandbox.artifacts import artifact_paths, prepare_artifacts
+    from sweflow.sample import write_parquet
     from sweflow.sandbox.build import build_and_record
-    from sweflow.sandbox.images import cache_dir
     from sweflow.sandbox.local import LocalProvider
     from sweflow.sandbox.spec import TemplateSpec
-    from sweflow.stages.data import harness_from_config
 
-    tmp = tmp_path_factory.mktemp("sft-collect")
-    art_dir = cache_dir().parent / "artifacts" / CLAUDE_VERSION
-    paths = artifact_paths(art_dir, prepare_artifacts(art_dir, CLAUDE_VERSION))
-    inst = next(r for r in sample_rows("train") if r["instance_id"] == INSTANCE)
-    repo = materialize_repo(tmp / "calclib")
+    tmp, inst = task["tmp"], task["inst"]
     image = f"sweflow-sample/{INSTANCE}:latest"
-    provider = LocalProvider(tmp / "templates")
     rec = build_and_record(
-        provider, image, tmp / "record.json", spec=TemplateSpec(image=image, claude_binary=paths["claude"]),
-        attempts=1, repo=repo.path, commit=inst["base_commit"],
+        LocalProvider(tmp / "templates"), image, tmp / "record.json",
+        spec=TemplateSpec(image=image, claude_binary=task["paths"]["claude"]),
+        attempts=1, repo=task["repo"].path, commit=inst["base_commit"],
     )  # fmt: skip
     assert rec["ok"], rec
-    harness = harness_from_config("swebench", "sample")
-    opts = ConvertOptions(dataset="sample", split="train", provider="local", sandbox_timeout_sec=900,
-                          backend_options={"max_turns": 12, "permission_mode": "acceptEdits",
-                                           "setting_sources": []})  # fmt: skip
-    evaluator = harness.evaluator_command(inst, timeout_sec=300, marker="SWEFLOW_REWARD_JSON=")
-    row = convert_instance(inst, template=rec["template"], evaluator_cmd=evaluator, opts=opts)
     jsonl = tmp / "tasks.valid.jsonl"
-    jsonl.write_text(jsonl_line(row))
+    jsonl.write_text(jsonl_line(training_row(task, rec["template"], "local")))
     parquet = tmp / "train.parquet"
     write_parquet([inst], parquet)
     return {"tmp": tmp, "jsonl": jsonl, "parquet": parquet, "templates": tmp / "templates"}
