@@ -4,14 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system run test lint clean
+.PHONY: setup system system-test run test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# pin the CPU build of torch first so no multi-GB CUDA build is pulled in
 	$(PY) -m pip install -q 'torch==2.13.0'
-	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,test]'
+	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,report,test]'
 	touch $@
 
 # swebench 5.x beside 4.x (same package name, so not in one venv): only its pure-Python modules, whose
@@ -22,7 +22,7 @@ $(VENV)/harness5/.installed: $(VENV)/.installed
 
 # verl (with Ray) only for the tests: the embedded default trains with the TRL engine
 $(VENV)/.verl-installed: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,test,verl]'
+	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,report,test,verl]'
 	touch $@
 
 setup: $(VENV)/.installed $(VENV)/harness5/.installed
@@ -30,10 +30,13 @@ setup: $(VENV)/.installed $(VENV)/harness5/.installed
 system:
 	bash .ci/system.sh
 
+system-test:
+	bash .ci/system.sh --test
+
 run: setup system
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --profile profiles/local
 
-test: setup $(VENV)/.verl-installed system
+test: setup $(VENV)/.verl-installed system-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS) tests
 
 lint: setup

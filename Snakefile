@@ -19,26 +19,37 @@ include: "rules/train.smk"
 include: "rules/sft.smk"
 
 
+# The pipeline's end products: `all` asks for them, and the report (written last) shows them.
+TARGETS = dict(
+    jsonl=expand("results/{dataset}/{split}.jsonl", dataset=DATASET, split=SPLITS),
+    template_map=f"results/{DATASET}/template-map.json",
+    smoke=f"results/{DATASET}/smoke-{PROVIDER}.json",
+    validation=expand(
+        "results/{dataset}/{split}/validation-summary.json",
+        dataset=DATASET,
+        split=SPLITS,
+    ),
+    valid_tasks=expand(
+        "results/{dataset}/{split}/tasks.valid.jsonl",
+        dataset=DATASET,
+        split=SPLITS,
+    ),
+    e2e=E2E_TARGETS,
+    train=TRAIN_TARGETS,
+    smith=SMITH_TARGETS,
+    sft=SFT_TARGETS,
+)
+REPORT_INPUTS = TARGETS
+
+
+include: "rules/report.smk"
+
+
 rule all:
     default_target: True
     input:
-        jsonl=expand("results/{dataset}/{split}.jsonl", dataset=DATASET, split=SPLITS),
-        template_map=f"results/{DATASET}/template-map.json",
-        smoke=f"results/{DATASET}/smoke-{PROVIDER}.json",
-        validation=expand(
-            "results/{dataset}/{split}/validation-summary.json",
-            dataset=DATASET,
-            split=SPLITS,
-        ),
-        valid_tasks=expand(
-            "results/{dataset}/{split}/tasks.valid.jsonl",
-            dataset=DATASET,
-            split=SPLITS,
-        ),
-        e2e=E2E_TARGETS,
-        train=TRAIN_TARGETS,
-        smith=SMITH_TARGETS,
-        sft=SFT_TARGETS,
+        **TARGETS,
+        report=f"results/{DATASET}/report.html",
 
 
 rule data:

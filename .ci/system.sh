@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System dependencies of the pipeline and its tests: bubblewrap (local provider), Docker engine (docker
-# provider), debootstrap (test base images: no registry is needed), git, Node/npm (Claude Code package).
+# provider), debootstrap (test base images: no registry is needed), git, Node/npm (Claude Code package);
+# with --test also Debian's Chromium (the report's headless browser test).
 # Idempotent; needs root (or sudo) only when something is missing.
 set -euo pipefail
 need=()
@@ -10,6 +11,8 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v git >/dev/null || need+=(git)
 command -v npm >/dev/null || need+=(npm)
 command -v curl >/dev/null || need+=(curl)
+# `--test`: also headless Chromium, for the report's browser test (tests/integration/test_report_browser.py)
+if [ "${1:-}" = "--test" ]; then command -v chromium >/dev/null || need+=(chromium); fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq

@@ -20,23 +20,27 @@ from sweflow.errors import SweflowError
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
-class _Progress:
-    """A one-line progress bar on a terminal; per-item lines when verbose; silent otherwise."""
+class _VerifyProgress:
+    """verify's per-artifact callback: a progress bar on a terminal, plain lines with counts and an ETA
+    elsewhere (a line per 5% of the artifacts), a line per artifact when verbose."""
 
     def __init__(self, stream: TextIO, verbose: bool) -> None:
         self.stream, self.verbose = stream, verbose
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
+        self.progress: Any = None
 
     def __call__(self, i: int, total: int, path: str, ok: bool) -> None:
+        from sweflow.progress import Progress
+
         if self.verbose:
             print(f"[{i}/{total}] {'ok     ' if ok else 'PROBLEM'} {path}", file=self.stream, flush=True)
-        elif self.tty:
-            width = 30
-            done = width * i // max(total, 1)
-            self.stream.write(f"\rverifying [{'#' * done}{'.' * (width - done)}] {i}/{total}")
-            if i == total:
-                self.stream.write("\n")
-            self.stream.flush()
+            return
+        if self.progress is None:
+            self.progress = Progress(
+                total, "verify", stream=self.stream, unit="artifact", every=max(1, total // 20)
+            )
+        self.progress.update(item=path, ok=ok)
+        if i >= total:
+            self.progress.close()
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -68,7 +72,7 @@ def _add_audit(sub: Any) -> None:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from sweflow.provenance import verify
 
-    report = verify(args.root, args.manifest, on_item=_Progress(sys.stderr, args.verbose))
+    report = verify(args.root, args.manifest, on_item=_VerifyProgress(sys.stderr, args.verbose))
     for problem in report.problems:
         print(problem.line())
     print(report.summary())
@@ -96,6 +100,7 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
     import time
 
     from sweflow.config import load_config
+    from sweflow.progress import Progress
     from sweflow.provenance import write_records
     from sweflow.stages.data import resolve_dataset
     from sweflow.util import read_json
@@ -107,7 +112,30 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
     out = f"resources/datasets/{ds['name']}/revision.json"
     before = read_json(out)["sha"] if os.path.exists(out) else None
     started = time.time()
-    rec = resolve_dataset(
+    with Progress(2, "refresh", unit="step") as progress:
+        rec = _resolve_for_refresh(resolve_dataset, out, ds)
+        progress.update(item=f"resolved {ds['repo_id']}@{ds['revision']}")
+        if rec["sha"] != before:
+            write_records(
+                [out],
+                rule="resolve_dataset",
+                wildcards={"dataset": ds["name"]},
+                params={k: ds[k] for k in ("repo_id", "repo_type", "revision")}
+                | {"endpoint": ds["hub"]["endpoint"]},
+                code=[__file__],
+                dataset={"repo_id": rec["repo_id"], "revision": rec["revision"], "sha": rec["sha"]},
+                started=started,
+            )
+        progress.update(item="recorded" if rec["sha"] != before else "unchanged")
+    if rec["sha"] == before:
+        print(f"{ds['repo_id']}@{ds['revision']}: unchanged ({before})")
+        return EXIT_OK
+    print(f"{ds['repo_id']}@{ds['revision']}: {before or '(none)'} -> {rec['sha']}")
+    return EXIT_OK
+
+
+def _resolve_for_refresh(resolve_dataset: Callable[..., dict], out: str, ds: dict) -> dict:
+    return resolve_dataset(
         out,
         repo_id=ds["repo_id"],
         revision=ds["revision"],
@@ -116,20 +144,6 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
         repo_type=ds["repo_type"],
         timeout=ds["hub"]["timeout_sec"],
     )
-    if rec["sha"] == before:
-        print(f"{ds['repo_id']}@{ds['revision']}: unchanged ({before})")
-        return EXIT_OK
-    write_records(
-        [out],
-        rule="resolve_dataset",
-        wildcards={"dataset": ds["name"]},
-        params={k: ds[k] for k in ("repo_id", "repo_type", "revision")} | {"endpoint": ds["hub"]["endpoint"]},
-        code=[__file__],
-        dataset={"repo_id": rec["repo_id"], "revision": rec["revision"], "sha": rec["sha"]},
-        started=started,
-    )
-    print(f"{ds['repo_id']}@{ds['revision']}: {before or '(none)'} -> {rec['sha']}")
-    return EXIT_OK
 
 
 def _add_refresh(sub: Any) -> None:
@@ -145,6 +159,43 @@ def _add_refresh(sub: Any) -> None:
     )
     p.add_argument("--directory", "-d", help="the workflow's working directory (default: the cwd)")
     p.set_defaults(func=_cmd_refresh)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import os
+
+    from sweflow.config import load_config
+    from sweflow.progress import Progress
+    from sweflow.report import SECTION_READERS
+    from sweflow.stages.report import report_step
+
+    root = args.directory or "."
+    cfg = load_config(*args.configfile)
+    ds = cfg["dataset"]
+    splits = ds["select_splits"] or list(ds["splits"])
+    out = args.output or os.path.join(root, "results", ds["name"], "report.html")
+    with Progress(len(SECTION_READERS), "report", unit="section") as progress:
+        data = report_step(out, dataset=ds["name"], splits=splits, root=root, progress=progress)
+    shown = [k for k, v in data.items() if any(v.values())]
+    print(f"{out}: {', '.join(shown) or 'no artifacts found'}")
+    return EXIT_OK
+
+
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write the self-contained HTML report (plots of data, validation, training, SWE-smith, SFT,"
+        " provenance) of a workflow folder",
+    )
+    p.add_argument(
+        "--configfile",
+        action="append",
+        default=[],
+        help="the run's config files, merged in order (none given: the embedded config/config.yaml)",
+    )
+    p.add_argument("--directory", "-d", help="the workflow's working directory (default: the cwd)")
+    p.add_argument("--output", "-o", help="where to write the page (default: results/<dataset>/report.html)")
+    p.set_defaults(func=_cmd_report)
 
 
 def _cmd_reap(args: argparse.Namespace) -> int:
@@ -166,7 +217,7 @@ def _add_reap(sub: Any) -> None:
     p.set_defaults(func=_cmd_reap)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify, _add_refresh, _add_reap]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify, _add_refresh, _add_report, _add_reap]
 
 
 def build_parser() -> argparse.ArgumentParser:

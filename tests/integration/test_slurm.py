@@ -51,6 +51,7 @@ def snakemake(work: Path, profile: Path, *args: str, timeout: int = 1800, env=No
 
 # The embedded default without the SWE-smith branch (tests/fixtures/no_smith.yaml): CI's time.
 SLURM_CONFIGS = [*EMBEDDED_CONFIGS, str(ROOT / "tests" / "fixtures" / "no_smith.yaml")]
+REPORT = "results/sample/report.html"
 SMITH_PATHS = re.compile(
     r"^(results/smith/|results/smith-calclib/|resources/datasets/smith-calclib/|results/sample/sft/)"
 )
@@ -199,6 +200,9 @@ def test_byte_stable_outputs_equal_the_local_profile_run(slurm_run, embedded_loc
     local = {
         p: h for p, h in local.items() if not SMITH_PATHS.match(p)
     }  # the Slurm run has no smith or SFT branch
+    # the report is a view of the artifacts compared here (it also shows step times, and the local run's
+    # smith and SFT sections): both runs wrote one
+    assert slurm.pop(REPORT) and local.pop(REPORT)
     assert set(slurm) == set(local)
     same = [p for p in slurm if slurm[p] == local[p]]
     differ = sorted(p for p in slurm if slurm[p] != local[p])
