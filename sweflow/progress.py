@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -53,6 +54,7 @@ class Progress:
         self.logger, self.every, self.clock = logger, max(int(every), 1), clock
         self.done, self.problems = 0, 0
         self.started = clock()
+        self._lock = threading.Lock()  # worker threads may count their own items
         if bar is None:
             bar = logger is None and hasattr(self.stream, "isatty") and self.stream.isatty()
         self._bar = None
@@ -83,6 +85,10 @@ class Progress:
 
     def update(self, n: int = 1, *, item: str | None = None, ok: bool = True, note: str = "") -> None:
         """Count `n` more items done (`item` names the last one; `ok=False` counts it as a problem)."""
+        with self._lock:
+            self._update(n, item, ok, note)
+
+    def _update(self, n: int, item: str | None, ok: bool, note: str) -> None:
         self.done += n
         self.problems += 0 if ok else n
         if self._bar is not None:

@@ -33,6 +33,7 @@ from sweflow.errors import SweflowError
 from sweflow.grading.evaluate import INFRA_REASONS
 from sweflow.grading.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
 from sweflow.grading.reward import RewardResult
+from sweflow.progress import item_log
 from sweflow.rollout.clients import BlackboxClient, HttpStatusError, ProxyClient
 from sweflow.rollout.evaluator import Evaluator, FreshEvaluator
 from sweflow.rollout.types import (
@@ -171,11 +172,14 @@ class Dispatcher:
             return [[] for _ in rows]
         out: list[list[RolloutResult | None]] = [[None] * n for _ in rows]
         workers = min(len(jobs), self.config.max_concurrency)
+        progress = item_log(len(jobs), "rollouts", log)
         with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="rollout") as pool:
             futures = {pool.submit(self.run_sample, rows[i], g): (i, g) for i, g in jobs}
             for fut in concurrent.futures.as_completed(futures):
                 i, g = futures[fut]
-                out[i][g] = fut.result()
+                res = out[i][g] = fut.result()
+                progress.update(item=f"{res.instance_id} g{g}", ok=res.status != ABORTED,
+                                note=f"{res.status} reward={res.reward}")  # fmt: skip
         return [[r for r in group if r is not None] for group in out]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmithError
+from ..progress import item_log
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
 from ..smith.candidates import FIRST_STRATEGIES, Candidate, read_candidates, read_jsonl, shard_of, write_jsonl
@@ -284,9 +285,12 @@ def validate_candidates_step(
         profile = load_profile(env["profile"])
         prov = provider_from_config(provider, sandbox_cfg, purpose="eval")
         parser = _harness_parser(profile, harness_package)
+        progress = item_log(
+            len(cands), f"validate {Path(candidates_file).parent.name}/{Path(candidates_file).stem}", log
+        )
 
         def one(c: Candidate) -> dict[str, Any]:
-            return validate_candidate(
+            rep = validate_candidate(
                 prov,
                 env["template"]["template"],
                 profile,
@@ -298,6 +302,8 @@ def validate_candidates_step(
                 attempts=validation["attempts"],
                 require_p2p=require_p2p,
             )
+            progress.update(item=c.instance_id, note=rep.get("status", ""), ok=rep.get("status") != "error")
+            return rep
 
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             reports = list(pool.map(one, cands))
@@ -391,6 +397,7 @@ def statements_step(
 
     tasks = [t for f in tasks_files for t in read_jsonl(f) if shard_of(t["instance_id"], shards) == shard]
     records = []
+    progress = item_log(len(tasks), f"statements {shard}/{shards}", log)
     with lm_endpoint(lm) as settings:
         for t in tasks:
             rec = write_statement(
@@ -401,6 +408,8 @@ def statements_step(
             )
             rec["endpoint"] = _lm_record(settings, lm)["endpoint"]
             records.append({"instance_id": t["instance_id"], **rec})
+            progress.update(item=t["instance_id"], ok=bool(rec["problem_statement"]),
+                            note="accepted" if rec["problem_statement"] else "rejected")  # fmt: skip
     failed = [r for r in records if not r["problem_statement"]]
     if (
         records

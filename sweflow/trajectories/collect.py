@@ -21,6 +21,7 @@ from typing import Any
 
 from ..grading.evaluate import INFRA_REASONS, check_patch
 from ..grading.integrity import DEFAULT_RULES, IntegrityRules
+from ..progress import item_log
 from ..rollout.types import RolloutResult, patch_stats
 
 log = logging.getLogger("sweflow.trajectories")
@@ -181,16 +182,21 @@ def grade_predictions(
     parallel: int = 2,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(evaluation records, evidence records) in prediction order; `rows` maps instance id -> training row."""
+    progress = item_log(len(predictions), "grade", log)
 
     def one(pred: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         try:
-            return grade_prediction(
+            done = grade_prediction(
                 pred, rows.get(pred["instance_id"]), provider=provider, evaluator=evaluator
             )
         except Exception as exc:  # noqa: BLE001 - one prediction's fault is reported, the others go on
             log.warning("grading %s failed: %s", pred.get("id"), exc)
-            return _graded(pred, status=ERROR, drop_reason="evaluation_error",
+            done = _graded(pred, status=ERROR, drop_reason="evaluation_error",
                            error=f"{type(exc).__name__}: {exc}"[:500]), ""  # fmt: skip
+        rec = done[0]
+        progress.update(item=str(rec.get("id")), ok=rec.get("status") != ERROR,
+                        note="kept" if rec.get("kept") else f"dropped ({rec.get('drop_reason')})")  # fmt: skip
+        return done
 
     with concurrent.futures.ThreadPoolExecutor(max(1, parallel), thread_name_prefix="grade") as pool:
         done = list(pool.map(one, predictions))
