@@ -157,12 +157,22 @@ def template_inputs(wildcards):
 
 
 def template_records(wildcards):
+    """Per-image build records; prebuilt images (template = image) need no job per image: the listing."""
+    if config["sandbox"]["prebuilt"]:
+        return [f"results/{wildcards.dataset}/images.txt"]
     return expand(
         "results/{dataset}/templates/{provider}/{key}.json",
         dataset=wildcards.dataset,
         provider=PROVIDER,
         key=image_keys(wildcards),
     )
+
+
+def smoke_record(wildcards):
+    """What a smoke test starts: the built template's record, or a prebuilt image's own record."""
+    if config["sandbox"]["prebuilt"]:
+        return f"results/{wildcards.dataset}/images/{wildcards.key}.json"
+    return f"results/{wildcards.dataset}/templates/{wildcards.provider}/{wildcards.key}.json"
 
 
 def smoke_markers(wildcards):

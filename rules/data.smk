@@ -104,6 +104,8 @@ rule template_map:
     localrule: True
     conda:
         "../envs/data.yaml"
+    params:
+        prebuilt=config["sandbox"]["prebuilt"],
     script:
         "../scripts/template_map.py"
 

@@ -46,7 +46,7 @@ rule build_template:
 
 rule smoke:
     input:
-        record="results/{dataset}/templates/{provider}/{key}.json",
+        record=smoke_record,
     output:
         marker="results/{dataset}/smoke/{provider}/{key}.json",
     log:

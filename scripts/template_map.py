@@ -4,4 +4,4 @@ from sweflow.stages.data import from_snakemake, template_map
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/template_map.py"):
-    template_map(list(smk.input.records), smk.output.map, smk.output.failures)
+    template_map(list(smk.input.records), smk.output.map, smk.output.failures, prebuilt=smk.params.prebuilt)

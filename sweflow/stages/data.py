@@ -223,10 +223,16 @@ def list_images(
 
 
 def template_map(
-    records: list[str], map_out: str | os.PathLike, failures_out: str | os.PathLike
+    records: list[str], map_out: str | os.PathLike, failures_out: str | os.PathLike, *, prebuilt: bool = False
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Aggregate per-image build records into {image: template} and {image: failure reason}."""
+    """Aggregate per-image build records into {image: template} and {image: failure reason}. `prebuilt`:
+    `records` is list_images' listing and every image is its own template (no build record per image)."""
     mapping, failures = {}, {}
+    if prebuilt:
+        for listing in records:
+            lines = Path(listing).read_text(encoding="utf-8").splitlines()
+            mapping.update((img.strip(), img.strip()) for img in lines if img.strip())
+        records = []
     for path in records:
         rec = read_json(path)
         image = rec.get("image")

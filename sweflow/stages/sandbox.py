@@ -136,10 +136,13 @@ def smoke_step(
     record_file: str | os.PathLike, out: str | os.PathLike, *, provider: str, cfg: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Smoke-test one built template (health and status from inside and through the port URL); always writes
-    a marker, with ok: false and the failing step when the build or the smoke test failed."""
+    a marker, with ok: false and the failing step when the build or the smoke test failed. With prebuilt
+    images the record is the image's own (list_images) and the image is the template."""
     from ..sandbox.smoke import smoke
 
     rec = read_json(record_file)
+    if cfg.get("prebuilt"):
+        rec = {"image": rec["image"], "template": rec["image"], "ok": True}
     base = {"image": rec["image"], "provider": provider, "template": rec.get("template")}
     if not rec.get("ok"):
         data = {**base, "ok": False, "step": "build", "error": rec.get("error", "template build failed")}
