@@ -9,6 +9,7 @@ comes from the package's own builders, and ``register_repos`` only adds rows to 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -201,9 +202,9 @@ class Harness:
             inst.setdefault("image", "")
             inst.setdefault("eval_type", "pass_and_fail")
         builder = self.test_spec_module.__dict__.get("make_eval_script_list")
-        params = list(inspect.signature(builder).parameters) if builder else []
+        params = _parameter_names(builder) if builder else ()
         try:
-            if params == ["instance", "specs", "env_name", "repo_directory", "base_commit", "test_patch"]:
+            if params == ("instance", "specs", "env_name", "repo_directory", "base_commit", "test_patch"):
                 return list(
                     builder(
                         inst,
@@ -253,6 +254,12 @@ class Harness:
             return "(the command between the test output markers)"  # no spec table to name it
         cmd = self.specs_for(instance["repo"])[str(instance["version"])]["test_cmd"]
         return cmd[-1] if isinstance(cmd, list) else cmd
+
+
+@functools.lru_cache(maxsize=64)
+def _parameter_names(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The parameter names of ``fn`` (``inspect.signature`` costs more than a row's other checks)."""
+    return tuple(inspect.signature(fn).parameters)
 
 
 def repo_key(table: Mapping[str, Any], repo: str) -> str | None:

@@ -8,6 +8,7 @@ inlined) + a two-line entry point. It needs only a Python 3.7+ standard library,
 from __future__ import annotations
 
 import base64
+import functools
 import gzip
 import importlib.metadata
 import inspect
@@ -25,6 +26,7 @@ from sweflow.harness import driver
 
 DRIVER_PATH = Path(driver.__file__)
 WORKDIR = "/tmp/sweflow_eval"
+PARSER_FILE = f"{WORKDIR}/parser.py"
 _LITERALS = (str, int, float, bool, type(None), bytes)
 
 
@@ -166,13 +168,30 @@ def standalone_parser_source(harness: LoadedHarness, repo: str, parser: Any = No
     ``parser`` (a function of the package) overrides the repo's table entry.
     """
     parser = parser or harness.parser_for(repo)
+    key = (harness.package, repo, parser, harness.start_marker, harness.end_marker)
+    try:
+        hash(parser)
+    except TypeError:  # not a function (so not inlinable): building the program reports it
+        return _parser_program.__wrapped__(*key)
+    return _parser_program(*key)
+
+
+@functools.lru_cache(maxsize=256)
+def _parser_program(package: str, repo: str, parser: Any, start: str | None, end: str | None) -> str:
+    """The program of ``standalone_parser_source``, built once per distinct input and then reused.
+
+    Every input the text depends on is in the key: the package (its version is fixed for the process), the
+    repo (named in the header), the parser function itself and the output markers. Building it means
+    reading the driver and re-parsing the parser's module with ``inspect`` (milliseconds), and every row
+    of a repo embeds the same program. A failure (HarnessError) is not cached: it is raised again each time.
+    """
     text = DRIVER_PATH.read_text(encoding="utf-8").rstrip() + "\n\n\n"
-    header = f"# ---- log parser inlined from {harness.package} {_package_version(harness.package)} for {repo} ----\n"
+    header = f"# ---- log parser inlined from {package} {_package_version(package)} for {repo} ----\n"
     driver_names = set(vars(driver))
     if parser is None:
         body, parser_name = "", "None"
     else:
-        inl = _Inliner(harness.package)
+        inl = _Inliner(package)
         for name, obj in vars(driver).items():
             if isinstance(obj, types.ModuleType):  # the driver's own imports may be shared (re, json, sys)
                 inl.bound[name] = obj
@@ -183,8 +202,8 @@ def standalone_parser_source(harness: LoadedHarness, repo: str, parser: Any = No
         body, parser_name = inl.render(), parser.__name__
     footer = (
         f"\n\nSWEFLOW_PARSER = {parser_name}\n"
-        f"SWEFLOW_START = {harness.start_marker!r}\n"
-        f"SWEFLOW_END = {harness.end_marker!r}\n\n"
+        f"SWEFLOW_START = {start!r}\n"
+        f"SWEFLOW_END = {end!r}\n\n"
         'if __name__ == "__main__":\n'
         "    sys.exit(main(sys.argv[1:], SWEFLOW_PARSER, SWEFLOW_START, SWEFLOW_END))\n"
     )
@@ -215,11 +234,15 @@ def pack(data: str) -> str:
     return base64.b64encode(gzip.compress(data.encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
 
 
+# The parser program is the same text for every row of a repo: its packed form is computed once too.
+_pack_program = functools.lru_cache(maxsize=256)(pack)
+
+
 def evaluator_files(harness: LoadedHarness, instance: Mapping[str, Any]) -> dict[str, str]:
     """The three files the evaluator writes: eval script (instrumented), parser program, expected tests."""
     return {
         f"{WORKDIR}/eval.sh": harness.eval_script(instance, instrument=True),
-        f"{WORKDIR}/parser.py": standalone_parser_source(
+        PARSER_FILE: standalone_parser_source(
             harness, instance["repo"], harness.parser_for_instance(instance)
         ),
         f"{WORKDIR}/tests.json": json.dumps(expected_tests(instance), sort_keys=True, separators=(",", ":")),
@@ -245,7 +268,8 @@ def evaluator_command(
     files = evaluator_files(harness, instance)
     steps = [f"rm -rf {WORKDIR} && mkdir -p {WORKDIR}"]
     for path, text in files.items():
-        steps.append(f"printf '%s' '{pack(text)}' | base64 -d | gzip -dc > {path}")
+        packed = _pack_program(text) if path == PARSER_FILE else pack(text)
+        steps.append(f"printf '%s' '{packed}' | base64 -d | gzip -dc > {path}")
     unpack = " && ".join(steps)
     run = (
         f"timeout -k 30 {int(timeout_sec)} bash {WORKDIR}/eval.sh > {WORKDIR}/eval.log 2>&1; "
