@@ -1,9 +1,9 @@
 """Data-stage benchmark: a synthetic SWE-Gym-shaped split with one distinct image per row.
 
 Prints the time of the first full run of the data stage (resolve -> download -> validate -> list_images ->
-one template record per image -> template map -> convert), of a no-op rerun, of a one-row change (one task
-added with a new image), and jobs per second. Templates are `prebuilt` (template = image), so the figures
-measure the workflow itself, not image builds.
+template map -> convert), of a no-op rerun, of a one-row change (one task added with a new image), and jobs
+per second. Templates are `prebuilt` (template = image: no job per image), so the figures measure the
+workflow itself, not image builds.
 
     .venv/bin/python benchmarks/bench_data_stage.py --rows 2438 [--cores 2] [--workdir DIR]
 """
