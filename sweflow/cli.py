@@ -113,7 +113,15 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
     before = read_json(out)["sha"] if os.path.exists(out) else None
     started = time.time()
     with Progress(2, "refresh", unit="step") as progress:
-        rec = _resolve_for_refresh(resolve_dataset, out, ds)
+        rec = resolve_dataset(
+            out,
+            repo_id=ds["repo_id"],
+            revision=ds["revision"],
+            endpoint=ds["hub"]["endpoint"],
+            offline_dir=ds["hub"]["offline_dir"],
+            repo_type=ds["repo_type"],
+            timeout=ds["hub"]["timeout_sec"],
+        )
         progress.update(item=f"resolved {ds['repo_id']}@{ds['revision']}")
         if rec["sha"] != before:
             write_records(
@@ -134,16 +142,15 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _resolve_for_refresh(resolve_dataset: Callable[..., dict], out: str, ds: dict) -> dict:
-    return resolve_dataset(
-        out,
-        repo_id=ds["repo_id"],
-        revision=ds["revision"],
-        endpoint=ds["hub"]["endpoint"],
-        offline_dir=ds["hub"]["offline_dir"],
-        repo_type=ds["repo_type"],
-        timeout=ds["hub"]["timeout_sec"],
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """--configfile (repeatable) and --directory, as the workflow run was given them."""
+    p.add_argument(
+        "--configfile",
+        action="append",
+        default=[],
+        help="the run's config files, merged in order (none given: the embedded config/config.yaml)",
     )
+    p.add_argument("--directory", "-d", help="the workflow's working directory (default: the cwd)")
 
 
 def _add_refresh(sub: Any) -> None:
@@ -151,13 +158,7 @@ def _add_refresh(sub: Any) -> None:
         "refresh",
         help="re-resolve the dataset revision; rewrites revision.json only when the commit sha moved",
     )
-    p.add_argument(
-        "--configfile",
-        action="append",
-        default=[],
-        help="your config files, merged in order (none given: the embedded config/config.yaml)",
-    )
-    p.add_argument("--directory", "-d", help="the workflow's working directory (default: the cwd)")
+    _add_run_options(p)
     p.set_defaults(func=_cmd_refresh)
 
 
@@ -187,13 +188,7 @@ def _add_report(sub: Any) -> None:
         help="write the self-contained HTML report (plots of data, validation, training, SWE-smith, SFT,"
         " provenance) of a workflow folder",
     )
-    p.add_argument(
-        "--configfile",
-        action="append",
-        default=[],
-        help="the run's config files, merged in order (none given: the embedded config/config.yaml)",
-    )
-    p.add_argument("--directory", "-d", help="the workflow's working directory (default: the cwd)")
+    _add_run_options(p)
     p.add_argument("--output", "-o", help="where to write the page (default: results/<dataset>/report.html)")
     p.set_defaults(func=_cmd_report)
 
