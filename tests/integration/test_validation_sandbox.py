@@ -154,7 +154,7 @@ class KillingProvider:
 
     def __init__(self, inner, kills: int, *, whole_sandbox: bool = False):
         self.inner, self.name, self.kills, self.whole = inner, inner.name, kills, whole_sandbox
-        self.killed = 0
+        self.killed = self.missed = 0
         self._lock = threading.Lock()
 
     def create(self, template, **kw):
@@ -171,18 +171,24 @@ class KillingProvider:
         import signal
         import time
 
+        # Killed the moment the eval process exists: on a fast machine the whole eval script can end
+        # within a few hundred milliseconds, so any wait here would race with its end (and then the
+        # "killed" sandbox would report the task's real verdict).
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not sb.killed:
             with sb._plock:
                 evals = [p for p in sb._procs if "sweflow-eval" in " ".join(map(str, p.args))]
             if evals:
-                time.sleep(0.3)  # the script is running: its xtrace lines are in the log by now
-                if self.whole:
-                    sb.kill()
-                else:
-                    os.killpg(evals[0].pid, signal.SIGKILL)
+                try:
+                    if self.whole:
+                        sb.kill()
+                    else:
+                        os.killpg(evals[0].pid, signal.SIGKILL)
+                except ProcessLookupError:  # ended before the kill: the test says so instead of passing
+                    with self._lock:
+                        self.missed += 1
                 return
-            time.sleep(0.01)
+            time.sleep(0.001)
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +208,7 @@ def test_a_sandbox_killed_mid_evaluation_is_an_error_then_valid_on_retry(local_s
     # Killed every time: the verdict says nothing about the task.
     prov = KillingProvider(env.provider, kills=100, whole_sandbox=whole_sandbox)
     rec = validate_task(prov, meta, inst["patch"], repeats=1, error_attempts=2, error_backoff=0)
+    assert prov.missed == 0, "an eval ended before the test could kill it"
     assert rec["verdict"] == "error" and rec["reason"].startswith("sandbox_lost"), rec["reason"]
     assert all(r["attempts"] == 2 and r["reward"] == 0.0 for r in rec["runs"])
     # Killed once: the retry in a fresh sandbox gives the task's real verdict.
@@ -210,6 +217,7 @@ def test_a_sandbox_killed_mid_evaluation_is_an_error_then_valid_on_retry(local_s
     rec = validate_task(
         prov, meta, inst["patch"], repeats=1, error_attempts=2, error_backoff=0, evidence=evidence
     )
+    assert prov.missed == 0 and prov.killed == 1
     assert (rec["verdict"], rec["reason"]) == ("valid", None)
     assert sorted(r["attempts"] for r in rec["runs"]) == [1, 2]
     first = next(e for e in evidence if e["attempt"] == 1 and e["failure_reason"] == "sandbox_lost")
