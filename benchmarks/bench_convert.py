@@ -4,7 +4,8 @@ Prepares the convert rule's inputs the way the pipeline does (parquet, `validate
 `list_images`, one `prebuilt` build record per image (template = image), `template_map`), then times:
 
 - the convert step as the rule runs it (scripts/convert.py's calls, with the workflow's config sections), as a
-  whole process (`python -c`, imports included), and in process (ms per row, plus `evaluator_command` alone);
+  whole process (`python -c`, imports included) with 1 worker and with the rule's threads (`--threads`, 2),
+  and in process (ms per row, one worker, plus `evaluator_command` alone);
 - BASELINE, the recipe's simple converter: a loop calling the harness's `make_test_spec` once per row and
   embedding one shared parser program per repository (the same row layout, not the same bytes).
 
@@ -57,7 +58,8 @@ opts = convert_options(dataset=p["dataset"], split=p["split"], provider=p["provi
                        agent_cfg=p["agent"], naming_cfg=p["naming"],
                        sandbox_timeout_sec=p["sandbox_timeout_sec"], harness=harness)
 convert(p["parquet"], p["map"], p["failures"], p["jsonl"], p["report"], opts=opts, harness=harness,
-        shape=p["shape"], limit=p["limit"], max_problem_statement_chars=p["max_problem_statement_chars"])
+        shape=p["shape"], limit=p["limit"], max_problem_statement_chars=p["max_problem_statement_chars"],
+        workers=int(sys.argv[2]))
 """
 
 # BASELINE (the recipe's simple converter, not sweflow's): make_test_spec once per row, one parser program
@@ -253,20 +255,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="whole-process runs each; the fastest is reported")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--profile", type=Path, help="write a cProfile of the in-process convert here")
+    ap.add_argument("--threads", type=int, default=2, help="the convert rule's threads (its workers)")
     args = ap.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sweflow-bench-convert-"))
     workdir.mkdir(parents=True, exist_ok=True)
     params = prepare(workdir, args.rows)
 
-    convert_s = whole_process(workdir, args.repeat, CONVERT_RUNNER, PARAMS)
+    one_s = whole_process(workdir, args.repeat, CONVERT_RUNNER, PARAMS, "1")
+    one_sha = sha256(workdir / JSONL)
+    convert_s = whole_process(workdir, args.repeat, CONVERT_RUNNER, PARAMS, str(args.threads))
     baseline_s = whole_process(workdir, args.repeat, BASELINE_RUNNER, PARAMS, "baseline.jsonl")
     row_ms, eval_ms, rows = in_process(workdir, params, args.profile)
-    same = sha256(workdir / "inproc.jsonl") == sha256(workdir / JSONL)
+    same = sha256(workdir / "inproc.jsonl") == sha256(workdir / JSONL) == one_sha
 
     import sweflow
 
     print(f"rows={args.rows} converted={rows} workdir={workdir} sweflow={Path(sweflow.__file__).parent}")
-    print(f"convert, whole process   : {convert_s:8.2f} s  (fastest of {args.repeat})")
+    print(f"convert, whole process   : {one_s:8.2f} s  (fastest of {args.repeat}; 1 worker)")
+    print(f"convert, whole process   : {convert_s:8.2f} s  ({args.threads} workers, the rule's threads)")
     print(
         f"BASELINE, whole process  : {baseline_s:8.2f} s  (fastest of {args.repeat}; make_test_spec per row, one parser per repo)"
     )
@@ -275,7 +281,7 @@ def main() -> None:
     print(f"convert / baseline       : {convert_s / baseline_s:8.2f} x")
     print(f"sha256 {JSONL}: {sha256(workdir / JSONL)}")
     print(f"sha256 {REPORT}: {sha256(workdir / REPORT)}")
-    print(f"in-process output identical to the whole-process one: {'yes' if same else 'NO'}")
+    print(f"output identical in process, 1 worker and {args.threads}: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -123,6 +123,8 @@ rule convert:
         "logs/{dataset}/convert/{split}.log",
     conda:
         "../envs/data.yaml"
+    # runs of rows in forked workers (the same bytes with any number of threads)
+    threads: 2
     params:
         shape=dataset_setting("shape"),
         limit=dataset_setting("limit"),

@@ -27,4 +27,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/convert.py"):
         shape=p.shape,
         limit=p.limit,
         max_problem_statement_chars=smk.params.max_problem_statement_chars,
+        workers=smk.threads,
     )

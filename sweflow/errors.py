@@ -23,6 +23,10 @@ class SweflowError(Exception):
         self.hint = hint
         super().__init__(self.one_line())
 
+    def __reduce__(self):
+        # pickled whole (a worker process's error reaches its parent with its file, row and field)
+        return (_rebuild_error, (type(self), self.args, self.__dict__.copy()))
+
     def one_line(self) -> str:
         parts = []
         if self.file is not None:
@@ -38,6 +42,13 @@ class SweflowError(Exception):
         from .util import redact  # a message may quote a URL with credentials or a token
 
         return redact(" ".join(msg.split("\n")))
+
+
+def _rebuild_error(cls: type[SweflowError], args: tuple, state: dict) -> SweflowError:
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class ConfigError(SweflowError):

@@ -9,10 +9,11 @@ import logging
 import os
 import random
 import re
+import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,6 +69,44 @@ def write_if_changed(path: str | os.PathLike, data: bytes | str) -> bool:
         return False
     atomic_write(path, payload)
     return True
+
+
+def write_folder(path: str | os.PathLike, files: Mapping[str, bytes | str]) -> Path:
+    """Replace the folder `path` by one holding exactly `files` (name -> content), never half-written.
+
+    The files are written into a temp folder beside it, which is then renamed into place (the old folder,
+    if any, is moved aside first and removed after), so a failing or killed process leaves the old folder
+    or the new one, never a mix. The folder entry is fsynced once, the files are not one by one (at
+    thousands of small records that fsync was most of the cost); a crash of the machine itself right
+    after may lose their contents, which a rerun rewrites."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    old = None
+    try:
+        for name, data in files.items():
+            if "/" in name or name in ("", ".", ".."):
+                raise ValueError(f"not a plain file name: {name!r}")
+            (tmp / name).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o755)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if path.exists() or path.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists() and (old / path.name).exists():
+            os.replace(old / path.name, path)  # put the previous folder back
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def sha256_bytes(data: bytes | str) -> str:

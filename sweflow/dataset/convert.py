@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,8 +59,13 @@ class ConvertOptions:
 
 @dataclass
 class ConvertResult:
-    rows: list[dict[str, Any]]
+    lines: list[str]  # each converted row's JSONL line (serialized once, checked for the gold patch)
     skipped: list[dict[str, Any]]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The converted rows, parsed back from their lines."""
+        return [json.loads(line) for line in self.lines]
 
 
 def prompt_text(problem_statement: str, workdir: str) -> str:
@@ -76,6 +82,15 @@ def convert_instance(
 ) -> dict[str, Any]:
     """Build the training row for one validated instance. `evaluator_cmd` comes from the harness layer;
     `parser` names the harness log parser of the row's repo (the host grades logs with it)."""
+    row = _row(inst, template=template, evaluator_cmd=evaluator_cmd, opts=opts, parser=parser)
+    assert_no_gold(jsonl_line(row), inst)
+    return row
+
+
+def _row(
+    inst: dict[str, Any], *, template: str, evaluator_cmd: str, opts: ConvertOptions, parser: str | None
+) -> dict[str, Any]:
+    """The training row (convert_instance without the gold check, for callers that check its line)."""
     image = opts.naming.image_for(inst["instance_id"], inst["repo"])
     backend = {"working_directory": opts.workdir, **opts.backend_options}
     metadata = {
@@ -117,20 +132,20 @@ def convert_instance(
             ],
         },
     }
-    row = {
+    return {
         "prompt": [{"role": "user", "content": prompt_text(inst["problem_statement"], opts.workdir)}],
         "label": "",
         "metadata": metadata,
     }
-    assert_no_gold(row, inst)
-    return row
 
 
-def assert_no_gold(row: dict[str, Any], inst: dict[str, Any]) -> None:
-    """The gold patch must never reach a training row (the test patch lives only inside the evaluator)."""
-    text = jsonl_line(row)
+def assert_no_gold(line: str, inst: dict[str, Any]) -> None:
+    """The gold patch must never reach a training row (the test patch lives only inside the evaluator).
+
+    `line` is the row's JSONL text: the patch is looked for as it would appear there (its newlines and
+    quotes JSON-escaped) as well as verbatim."""
     gold = (inst.get("patch") or "").strip()
-    if gold and gold in text:
+    if gold and (gold in line or json.dumps(gold, ensure_ascii=False)[1:-1] in line):
         raise DatasetError("gold patch leaked into the training row", row=inst["instance_id"], field="patch")
 
 
@@ -151,6 +166,20 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+# Rows per worker below which a worker process costs more than it saves (forking, sending lines back).
+MIN_ROWS_PER_WORKER = 400
+
+
+@dataclass
+class _Chunk:
+    """What converting a contiguous run of rows gives: lines, skips, rows absent from the map."""
+
+    lines: list[str]
+    skipped: list[dict[str, Any]]
+    missing: list[Any]
+    harness_skips: int
+
+
 @_gc_paused()
 def convert_split(
     instances: Iterable[dict[str, Any]],
@@ -160,6 +189,7 @@ def convert_split(
     harness: Any,
     opts: ConvertOptions,
     source_file: str,
+    workers: int = 1,
 ) -> ConvertResult:
     """Convert every instance; a row that cannot be converted is skipped and reported, the others convert.
 
@@ -167,12 +197,51 @@ def convert_split(
     cannot handle (unknown repo or version, eval script or parser not buildable). Raises BadRowsError listing
     every such row when an image is absent from both the map and the failure records (the pipeline's own
     inconsistency), or when the harness could handle no row at all (a wrong harness package, not bad rows).
+
+    `workers` > 1 converts contiguous runs of rows in forked processes (the loaded harness is shared, not
+    loaded again) and joins them in row order: the output is the same bytes as with one worker.
     """
     from .splits import BadRowsError, RowProblem
 
-    rows, skipped, missing, harness_skips, total = [], [], [], 0, 0
-    for i, inst in enumerate(instances):
-        total += 1
+    instances = list(instances)
+    args = (template_map, failed_images, harness, opts, source_file)
+    n = max(1, min(int(workers), len(instances) // MIN_ROWS_PER_WORKER))
+    if n == 1:
+        chunks = [_convert_rows(instances, 0, *args)]
+    else:
+        chunks = _convert_forked(instances, n, args)
+    lines = [line for c in chunks for line in c.lines]
+    skipped = [s for c in chunks for s in c.skipped]
+    missing = [m for c in chunks for m in c.missing]
+    harness_skips = sum(c.harness_skips for c in chunks)
+    total = len(instances)
+    if missing:
+        raise BadRowsError(missing, file=source_file, total_rows=total, what="for conversion")
+    if harness_skips and not lines:
+        raise BadRowsError(
+            [RowProblem(s["reason"], row=s["row"], field=s["field"]) for s in skipped],
+            file=source_file,
+            total_rows=total,
+            what="for conversion",
+            note="the harness could convert no row: check harness.package and harness.extra_repos",
+        )
+    return ConvertResult(lines=lines, skipped=skipped)
+
+
+def _convert_rows(
+    instances: list[dict[str, Any]],
+    offset: int,
+    template_map: dict[str, str],
+    failed_images: dict[str, str],
+    harness: Any,
+    opts: ConvertOptions,
+    source_file: str,
+) -> _Chunk:
+    """Rows offset.. of the split: each converted, serialized once and checked, or skipped / missing."""
+    from .splits import RowProblem
+
+    lines, skipped, missing, harness_skips = [], [], [], 0
+    for i, inst in enumerate(instances, start=offset):
         iid = inst["instance_id"]
         image = opts.naming.image_for(iid, inst["repo"])
         where = {"instance_id": iid, "file": source_file, "row": i}
@@ -199,27 +268,42 @@ def convert_split(
             harness_skips += 1
             skipped.append({**where, "field": exc.field or "repo", "reason": f"harness: {exc.problem}"})
             continue
-        rows.append(
-            convert_instance(
-                inst,
-                template=template_map[image],
-                evaluator_cmd=evaluator,
-                opts=opts,
-                parser=getattr(parser, "__name__", None),
-            )
+        row = _row(
+            inst,
+            template=template_map[image],
+            evaluator_cmd=evaluator,
+            opts=opts,
+            parser=getattr(parser, "__name__", None),
         )
-    if missing:
-        raise BadRowsError(missing, file=source_file, total_rows=total, what="for conversion")
-    if harness_skips and not rows:
-        raise BadRowsError(
-            [RowProblem(s["reason"], row=s["row"], field=s["field"]) for s in skipped],
-            file=source_file,
-            total_rows=total,
-            what="for conversion",
-            note="the harness could convert no row: check harness.package and harness.extra_repos",
-        )
-    return ConvertResult(rows=rows, skipped=skipped)
+        line = jsonl_line(row)  # serialized once: checked here, written as is
+        assert_no_gold(line, inst)
+        lines.append(line)
+    return _Chunk(lines, skipped, missing, harness_skips)
 
 
-def rows_to_jsonl(rows: Iterable[dict[str, Any]]) -> str:
-    return "".join(jsonl_line(r) for r in rows)
+# What forked workers read: set just before the fork, so the harness travels by copy-on-write, not pickle.
+_FORK_JOB: tuple[list[dict[str, Any]], tuple[Any, ...]] | None = None
+
+
+def _forked_chunk(bounds: tuple[int, int]) -> _Chunk:
+    assert _FORK_JOB is not None
+    instances, args = _FORK_JOB
+    start, end = bounds
+    return _convert_rows(instances[start:end], start, *args)
+
+
+def _convert_forked(instances: list[dict[str, Any]], n: int, args: tuple[Any, ...]) -> list[_Chunk]:
+    """`n` contiguous runs of rows converted in `n` forked processes, returned in row order.
+
+    An error in a worker (a gold patch in a row, a harness bug) is raised here with its message."""
+    import multiprocessing
+
+    global _FORK_JOB
+    size = -(-len(instances) // n)
+    bounds = [(k, min(k + size, len(instances))) for k in range(0, len(instances), size)]
+    _FORK_JOB = (instances, args)
+    try:
+        with multiprocessing.get_context("fork").Pool(len(bounds)) as pool:
+            return pool.map(_forked_chunk, bounds, chunksize=1)
+    finally:
+        _FORK_JOB = None

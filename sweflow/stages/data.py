@@ -17,7 +17,7 @@ from ..dataset.images import ImageNaming, group_by_image
 from ..dataset.splits import apply_limit, load_split
 from ..errors import ConfigError, DatasetError
 from ..rulekit import from_snakemake
-from ..util import atomic_write, atomic_write_json, read_json, redact, write_if_changed
+from ..util import atomic_write, atomic_write_json, read_json, redact, write_folder, write_if_changed
 
 __all__ = [
     "convert",
@@ -193,9 +193,13 @@ def list_images(
     limit: int | None = None,
     max_problem_statement_chars: int | None = None,
 ) -> list[str]:
-    """One byte-stable JSON per image under images_dir (unchanged files keep their mtime) + the ordered list.
+    """One byte-stable JSON per image under images_dir + the ordered list.
 
-    `naming` is an ImageNaming or the `naming` config section it is made from."""
+    The folder is written whole (a temp folder renamed into place: never half-written) without an fsync per
+    record, which at SWE-Gym scale cost more than the rest of the step. Snakemake removes a checkpoint's
+    output folder before the job, so unchanged records are new files with the same bytes (their checksums,
+    not their mtimes, keep their dependents from re-running). `naming` is an ImageNaming or the `naming`
+    config section it is made from."""
     if not isinstance(naming, ImageNaming):
         naming = ImageNaming.from_config(dict(naming))
     splits = load_validated(
@@ -206,16 +210,10 @@ def list_images(
         for image, rec in group_by_image(instances, naming).items():
             g = groups.setdefault(image, {**rec, "instances": []})
             g["instances"].extend({**i, "split": split} for i in rec["instances"])
-    images_dir = Path(images_dir)
-    images_dir.mkdir(parents=True, exist_ok=True)
-    keep = set()
-    for rec in groups.values():
-        name = f"{rec['key']}.json"
-        keep.add(name)
-        write_if_changed(images_dir / name, json.dumps(rec, sort_keys=True, indent=2) + "\n")
-    for stale in images_dir.glob("*.json"):
-        if stale.name not in keep:
-            stale.unlink()
+    write_folder(
+        images_dir,
+        {f"{rec['key']}.json": json.dumps(rec, sort_keys=True, indent=2) + "\n" for rec in groups.values()},
+    )
     images = list(groups)
     atomic_write(listing_out, "".join(f"{img}\n" for img in images))
     log.info("%d distinct images", len(images))
@@ -281,10 +279,12 @@ def convert(
     shape: str = "auto",
     limit: int | None = None,
     max_problem_statement_chars: int | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Convert one split to the training JSONL (atomic, byte-identical on rerun) and write a report listing
-    each skipped row (file, row, field, reason: a failed template build or a row the harness cannot handle)."""
-    from ..dataset.convert import convert_split, rows_to_jsonl
+    each skipped row (file, row, field, reason: a failed template build or a row the harness cannot handle).
+    `workers`: processes converting runs of rows (the same bytes with any number)."""
+    from ..dataset.convert import convert_split
 
     instances, _ = load_split(
         parquet, split=opts.split, shape=shape, max_problem_statement_chars=max_problem_statement_chars
@@ -297,13 +297,14 @@ def convert(
         harness=harness,
         opts=opts,
         source_file=str(parquet),
+        workers=workers,
     )
-    atomic_write(out, rows_to_jsonl(result.rows))
-    report = {"split": opts.split, "rows": len(result.rows), "skipped": result.skipped}
+    atomic_write(out, "".join(result.lines))
+    report = {"split": opts.split, "rows": len(result.lines), "skipped": result.skipped}
     atomic_write_json(report_out, report)
     for s in result.skipped:
         log.warning("skipped %s: row %s: field %r: %s", s["file"], s["row"], s["field"], s["reason"])
-    log.info("converted %d rows, %d skipped", len(result.rows), len(result.skipped))
+    log.info("converted %d rows, %d skipped", len(result.lines), len(result.skipped))
     return report
 
 

@@ -68,7 +68,7 @@ def test_rows_carry_everything_but_the_gold_patch(tmp_path, harness):
     assert report["rows"] == len(rows) == len(lines)
     for raw, line in zip(rows, lines, strict=True):
         row = json.loads(line)
-        assert raw["patch"].strip() not in line
+        assert json.dumps(raw["patch"].strip())[1:-1] not in line  # as the JSONL would hold it
         assert row["label"] == ""
         assert row["prompt"][0]["role"] == "user"
         assert row["prompt"][0]["content"].startswith(raw["problem_statement"].rstrip())
@@ -87,6 +87,17 @@ def test_rows_carry_everything_but_the_gold_patch(tmp_path, harness):
         assert before["required"] is True and raw["base_commit"] in before["cmd"]
         after = md["blackbox_execute_cmds"]["after_agent"][0]
         assert after["timeout"] == 1260
+
+
+def test_a_gold_patch_quoted_in_the_problem_statement_fails_the_split(tmp_path, harness):
+    rows = sample_rows("train")
+    leaky = dict(rows[1])
+    assert "\n" in leaky["patch"].strip()  # multi-line: in the JSONL its newlines are escaped
+    leaky["problem_statement"] += "\n\nThe fix:\n" + leaky["patch"]
+    with pytest.raises(DatasetError, match="gold patch leaked") as err:
+        convert_files(tmp_path, harness, [rows[0], leaky], full_map(rows))
+    assert err.value.row == leaky["instance_id"] and err.value.field == "patch"
+    assert not (tmp_path / "train.jsonl").exists()  # nothing half-written
 
 
 def test_evaluator_embeds_the_official_eval_script_with_the_test_patch(tmp_path, harness):

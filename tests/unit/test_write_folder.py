@@ -1,0 +1,49 @@
+"""util.write_folder: a folder replaced whole, never a mix of old and new files."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweflow.util import write_folder
+
+
+def test_the_folder_holds_exactly_the_new_files(tmp_path):
+    target = tmp_path / "images"
+    target.mkdir()
+    (target / "stale.json").write_text("old")
+    (target / "kept.json").write_text("old")
+    write_folder(target, {"kept.json": "new", "added.json": b"bytes"})
+    assert sorted(p.name for p in target.iterdir()) == ["added.json", "kept.json"]
+    assert (target / "kept.json").read_text() == "new" and (target / "added.json").read_bytes() == b"bytes"
+    assert [p.name for p in tmp_path.iterdir()] == ["images"]  # no temp or old folder left beside it
+
+
+def test_a_failure_midway_leaves_the_old_folder_untouched(tmp_path):
+    target = tmp_path / "images"
+    target.mkdir()
+    (target / "a.json").write_text("old")
+
+    class Boom(Exception):
+        pass
+
+    class Files(dict):
+        def items(self):
+            yield "a.json", "new"
+            raise Boom
+
+    with pytest.raises(Boom):
+        write_folder(target, Files())
+    assert [p.name for p in target.iterdir()] == ["a.json"] and (target / "a.json").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["images"]
+
+
+@pytest.mark.parametrize("name", ["../escape.json", "sub/x.json", "", ".."])
+def test_names_must_be_plain_file_names(tmp_path, name):
+    with pytest.raises(ValueError, match="plain file name"):
+        write_folder(tmp_path / "images", {name: "x"})
+    assert not (tmp_path / "images").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_folder_is_created(tmp_path):
+    write_folder(tmp_path / "deep" / "images", {"x.json": "1"})
+    assert (tmp_path / "deep" / "images" / "x.json").read_text() == "1"
