@@ -69,7 +69,9 @@ onstart:
 onsuccess:
     reopen_error_summaries()
     write_run_manifest()
+    end_of_run()
 
 
 onerror:
     reopen_error_summaries()
+    end_of_run()

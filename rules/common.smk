@@ -8,6 +8,7 @@ from snakemake.utils import min_version
 from sweflow.config import workflow_config
 from sweflow.stages.common import (
     SMITH_FIRST_STRATEGIES,
+    end_of_run,
     model_dir_name,
     profile_entries,
     smith_harness,

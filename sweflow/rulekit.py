@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -110,3 +111,26 @@ def from_snakemake(smk: Any, script_file: str, **kw: Any) -> contextlib.Abstract
         code=[script_file],
         **kw,
     )
+
+
+# Where Snakemake's scheduler makes its re-evaluation timers (snakemake 9: JobScheduler._schedule_reevalutation)
+SCHEDULER_SOURCE = "snakemake/scheduling/job_scheduler.py"
+
+
+def cancel_scheduler_timers(source: str = SCHEDULER_SOURCE) -> int:
+    """Cancel the scheduler's pending re-evaluation timers once the run is over; returns how many.
+
+    Snakemake's job rate limiter (``--max-jobs-per-timespan``, 100/1s by default) starts a non-daemon
+    ``threading.Timer`` of one timespan after each scheduling pass, and the interpreter waits for it at exit:
+    about a second added to every run that ran a job. Called from ``onsuccess``/``onerror``, when no job is
+    left to schedule; other timers are left alone."""
+    n = 0
+    for thread in threading.enumerate():
+        code = getattr(getattr(thread, "function", None), "__code__", None)
+        if isinstance(thread, threading.Timer) and code is not None:
+            if code.co_filename.replace("\\", "/").endswith(source):
+                thread.cancel()
+                n += 1
+    if n:
+        log.debug("cancelled %d scheduler timer(s)", n)
+    return n

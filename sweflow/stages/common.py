@@ -42,6 +42,13 @@ def write_run_manifest(path: str | os.PathLike, root: str | os.PathLike = ".") -
     write_manifest(path, root=root)
 
 
+def end_of_run() -> None:
+    """What onsuccess/onerror do last: no exit delay from the scheduler's timers (`sweflow.rulekit`)."""
+    from ..rulekit import cancel_scheduler_timers
+
+    cancel_scheduler_timers()
+
+
 def reap_leftovers() -> None:
     """Remove the sandboxes and build folders of earlier, killed runs (`sweflow.sandbox.ledger`)."""
     from ..sandbox.ledger import reap_on_start
