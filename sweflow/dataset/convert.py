@@ -295,15 +295,18 @@ def _forked_chunk(bounds: tuple[int, int]) -> _Chunk:
 def _convert_forked(instances: list[dict[str, Any]], n: int, args: tuple[Any, ...]) -> list[_Chunk]:
     """`n` contiguous runs of rows converted in `n` forked processes, returned in row order.
 
-    An error in a worker (a gold patch in a row, a harness bug) is raised here with its message."""
+    An error in a worker (a gold patch in a row, a harness bug) is raised here with its message; a worker
+    that dies (killed, out of memory) fails the step (BrokenProcessPool) instead of hanging it."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     global _FORK_JOB
     size = -(-len(instances) // n)
     bounds = [(k, min(k + size, len(instances))) for k in range(0, len(instances), size)]
     _FORK_JOB = (instances, args)
     try:
-        with multiprocessing.get_context("fork").Pool(len(bounds)) as pool:
-            return pool.map(_forked_chunk, bounds, chunksize=1)
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=len(bounds), mp_context=ctx) as pool:
+            return list(pool.map(_forked_chunk, bounds))
     finally:
         _FORK_JOB = None

@@ -131,3 +131,19 @@ def test_errors_cross_a_process_boundary_whole():
     many = BadRowsError([RowProblem("x", row=1, field="f"), RowProblem("y", row=4)], file="a", total_rows=9)
     back = pickle.loads(pickle.dumps(many))
     assert back.bad_rows == [1, 4] and back.lines() == many.lines() and str(back) == str(many)
+
+
+def test_a_worker_that_dies_fails_the_step_instead_of_hanging(harness, small_chunks, monkeypatch):
+    import os
+    from concurrent.futures.process import BrokenProcessPool
+
+    real = conv._convert_rows
+
+    def dies_on_the_second_run(instances, offset, *args):
+        if offset > 0:
+            os._exit(137)  # as if killed by the OOM killer
+        return real(instances, offset, *args)
+
+    monkeypatch.setattr(conv, "_convert_rows", dies_on_the_second_run)
+    with pytest.raises(BrokenProcessPool):
+        run(harness, rows(8), workers=2)
