@@ -67,11 +67,11 @@ onstart:
 
 
 onsuccess:
+    end_of_run()
     reopen_error_summaries()
     write_run_manifest()
-    end_of_run()
 
 
 onerror:
-    reopen_error_summaries()
     end_of_run()
+    reopen_error_summaries()

@@ -300,7 +300,7 @@ def _convert_forked(instances: list[dict[str, Any]], n: int, args: tuple[Any, ..
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    global _FORK_JOB
+    global _FORK_JOB  # one conversion at a time per process (the pipeline's convert step is one call)
     size = -(-len(instances) // n)
     bounds = [(k, min(k + size, len(instances))) for k in range(0, len(instances), size)]
     _FORK_JOB = (instances, args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 
@@ -32,3 +33,12 @@ def test_the_schedulers_timers_are_cancelled_and_others_kept():
 
 def test_nothing_to_cancel_is_fine():
     assert cancel_scheduler_timers(source="no/such/module.py") == 0
+
+
+def test_snakemakes_scheduler_still_makes_its_timers_where_we_look():
+    """If Snakemake moves or renames the timer, cancelling would silently do nothing: this says so."""
+    from snakemake.scheduling import job_scheduler
+
+    assert inspect.getsourcefile(job_scheduler).replace("\\", "/").endswith(SCHEDULER_SOURCE)
+    src = inspect.getsource(job_scheduler.JobScheduler._schedule_reevalutation)
+    assert "threading.Timer(" in src and ".start()" in src

@@ -47,3 +47,31 @@ def test_names_must_be_plain_file_names(tmp_path, name):
 def test_a_missing_folder_is_created(tmp_path):
     write_folder(tmp_path / "deep" / "images", {"x.json": "1"})
     assert (tmp_path / "deep" / "images" / "x.json").read_text() == "1"
+
+
+def test_a_symlinked_folder_is_written_through(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "stale.json").write_text("old")
+    (tmp_path / "images").symlink_to(real)
+    write_folder(tmp_path / "images", {"x.json": "1"})
+    assert (tmp_path / "images").is_symlink()
+    assert sorted(p.name for p in real.iterdir()) == ["x.json"]
+
+
+def test_a_file_in_the_way_is_an_error(tmp_path):
+    (tmp_path / "images").write_text("not a folder")
+    with pytest.raises(ValueError, match="not a folder"):
+        write_folder(tmp_path / "images", {"x.json": "1"})
+    assert (tmp_path / "images").read_text() == "not a folder"
+
+
+def test_the_folder_mode_follows_the_umask(tmp_path):
+    import os
+
+    old = os.umask(0o002)
+    try:
+        write_folder(tmp_path / "images", {"x.json": "1"})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "images").stat().st_mode & 0o777 == 0o775
