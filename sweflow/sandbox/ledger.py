@@ -132,21 +132,29 @@ def _pids_using(folder: str) -> list[int]:
     return found
 
 
-def _kill_processes(folder: str) -> int:
-    """SIGKILL the process groups of the processes that bind `folder`; returns how many were found."""
-    pids = _pids_using(folder)
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            pgid = os.getpgid(pid)
-            # our commands are started as group leaders (start_new_session); never kill our own group
-            if pgid == pid and pgid != os.getpgid(0):
-                os.killpg(pgid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while pids and time.monotonic() < deadline and _pids_using(folder):
+def _kill_processes(folder: str, timeout: float = 30.0) -> int:
+    """SIGKILL the process groups of the processes that bind `folder` until none is left; returns how many
+    there were. Each pass scans again, so a process that appeared since the last scan (one forked into a
+    new session, out of the killed group) is killed too. Raises OSError if some are still running at the
+    end of `timeout` (the folder is then not removed: a process still uses it)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while pids := _pids_using(folder):
+        if time.monotonic() >= deadline:
+            raise OSError(
+                f"{len(pids)} process(es) using {folder} still running after {timeout:.0f} s: {pids}"
+            )
+        seen.update(pids)
+        for pid in pids:  # again each pass: a signal to a process already exiting is harmless
+            with contextlib.suppress(OSError):
+                pgid = os.getpgid(pid)
+                # our commands are started as group leaders (start_new_session); never kill our own group
+                if pgid == pid and pgid != os.getpgid(0):
+                    os.killpg(pgid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
-    return len(pids)
+    return len(seen)
 
 
 def _checked_dir(path: str, parent_name: str | None = None, prefix: str | None = None) -> Path:

@@ -110,6 +110,50 @@ def test_reap_kills_the_processes_of_a_dead_runs_local_sandbox(workdir: Path) ->
             p.wait()
 
 
+def _binding(folder: Path) -> subprocess.Popen:
+    """A process whose command line names `folder` (as a local sandbox's bwrap does), in its own session."""
+    return subprocess.Popen(["/bin/sh", "-c", 'sleep 300; : "$0"', f"{folder}/tmp"], start_new_session=True)
+
+
+def test_processes_that_appear_after_the_first_scan_are_killed_too(tmp_path, monkeypatch) -> None:
+    # One forked into a new session after the reaper's first look (so the first group kill misses it).
+    folder = tmp_path / "local-00aa11bb22cc"
+    (folder / "tmp").mkdir(parents=True)
+    first, late = _binding(folder), _binding(folder)
+    real, calls = ledger._pids_using, []
+
+    def scan(f):
+        calls.append(f)
+        found = real(f)
+        return [p for p in found if p != late.pid] if len(calls) == 1 else found
+
+    monkeypatch.setattr(ledger, "_pids_using", scan)
+    try:
+        assert ledger._kill_processes(str(folder), timeout=20) == 2
+        assert first.wait(timeout=10) == -9 and late.wait(timeout=10) == -9
+        assert real(str(folder)) == []
+    finally:
+        for p in (first, late):
+            p.kill()
+            p.wait()
+
+
+def test_processes_that_will_not_die_are_an_error_not_a_success(tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "local-00aa11bb22cc"
+    (folder / "tmp").mkdir(parents=True)
+    proc = _binding(folder)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(os, "killpg", lambda *_a: None)  # the signal never lands
+            m.setattr(os, "kill", lambda *_a: None)
+            with pytest.raises(OSError, match="still running after"):
+                ledger._kill_processes(str(folder), timeout=0.3)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_tampered_or_unreadable_entries_are_reported_never_followed(workdir: Path) -> None:
     precious = workdir / "precious"
     precious.mkdir()
