@@ -293,7 +293,8 @@ def _forked_chunk(bounds: tuple[int, int]) -> _Chunk:
 
 
 def _convert_forked(instances: list[dict[str, Any]], n: int, args: tuple[Any, ...]) -> list[_Chunk]:
-    """`n` contiguous runs of rows converted in `n` forked processes, returned in row order.
+    """`n` contiguous runs of rows, the first converted here and the others in `n - 1` forked processes,
+    returned in row order.
 
     An error in a worker (a gold patch in a row, a harness bug) is raised here with its message; a worker
     that dies (killed, out of memory) fails the step (BrokenProcessPool) instead of hanging it."""
@@ -306,7 +307,9 @@ def _convert_forked(instances: list[dict[str, Any]], n: int, args: tuple[Any, ..
     _FORK_JOB = (instances, args)
     try:
         ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=len(bounds), mp_context=ctx) as pool:
-            return list(pool.map(_forked_chunk, bounds))
+        with ProcessPoolExecutor(max_workers=len(bounds) - 1, mp_context=ctx) as pool:
+            others = [pool.submit(_forked_chunk, b) for b in bounds[1:]]
+            first = _forked_chunk(bounds[0])
+            return [first, *(f.result() for f in others)]
     finally:
         _FORK_JOB = None
