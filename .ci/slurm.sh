@@ -90,5 +90,8 @@ down() {
   sleep 1
   [ -f /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
   rm -rf "$BASE"
+  # the config this script wrote goes too: with it and no controller, every `scontrol` waits ~10 s, and the
+  # Slurm executor plugin runs `scontrol show config` when Snakemake loads it (every snakemake start)
+  rm -f $ETC/slurm.conf $ETC/gres.conf
 }
 "$@"
