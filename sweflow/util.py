@@ -71,58 +71,59 @@ def write_if_changed(path: str | os.PathLike, data: bytes | str) -> bool:
     return True
 
 
-def _umask() -> int:
-    """The process's umask, read without changing it (Linux reports it in /proc), else set and restored."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def replace_folder(new: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Rename the folder `new` to `dest`. An existing `dest` is moved aside just before (to a hidden
+    `.<name>.old-*` folder beside it) and removed after, so `dest` is the old folder or the new one, never a
+    mix; if the second rename fails the old folder is put back. A process killed between the two renames
+    leaves no `dest` and the old folder under its hidden name."""
+    new, dest = Path(new), Path(dest)
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{os.urandom(3).hex()}")
+    moved = os.path.lexists(dest)
+    if moved:
+        os.replace(dest, old)
+    try:
+        os.replace(new, dest)
+    except BaseException:
+        if moved and not os.path.lexists(dest):
+            os.replace(old, dest)
+        raise
+    if moved:
+        if old.is_symlink() or not old.is_dir():
+            old.unlink()
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    return dest
 
 
 def write_folder(path: str | os.PathLike, files: Mapping[str, bytes | str]) -> Path:
     """Replace the folder `path` by one holding exactly `files` (name -> content), never a mix of both.
 
-    The files are written into a temp folder beside it, which is then renamed into place (the old folder,
-    if any, is moved aside just before and removed after). A failing process leaves the old folder; one
-    killed between the two renames leaves no folder (and the old one under a `.<name>.*.old` folder
-    beside it), never a folder mixing old and new files. A symlinked folder is written through (its
-    target is replaced); a file in the way is an error. The folder entry is fsynced once, the files are
-    not one by one (at thousands of small records that fsync was most of the cost); a crash of the machine
-    itself right after may lose their contents, which a rerun rewrites."""
+    The files are written into a temp folder beside it, which `replace_folder` renames into place. A
+    symlinked folder is written through (its target is replaced); a file in the way is an error. The
+    folder entry is fsynced once, the files are not one by one (at thousands of small records that fsync
+    was most of the cost); a crash of the machine itself right after may lose their contents, which a
+    rerun rewrites."""
     path = Path(path)
     if path.is_symlink():
         path = path.resolve()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{path} is not a folder")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    old = None
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{os.urandom(3).hex()}.tmp")
+    tmp.mkdir()  # the mode a plain mkdir gives (the umask applies)
     try:
         for name, data in files.items():
             if "/" in name or name in ("", ".", ".."):
                 raise ValueError(f"not a plain file name: {name!r}")
             (tmp / name).write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, 0o777 & ~_umask())  # as a plain mkdir would make it (mkdtemp makes 0700)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            os.replace(path, old / path.name)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not os.path.lexists(path) and os.path.lexists(old / path.name):
-            os.replace(old / path.name, path)  # put the previous folder back (if this fails, `old` stays)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return path
+        return replace_folder(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when it was renamed into place
 
 
 def sha256_bytes(data: bytes | str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..dataset.hub_client import is_sha, resolve_revision
 from ..errors import DatasetError, SweflowError
-from ..util import redact, retry, sha256_file
+from ..util import redact, replace_folder, retry, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def download_model(
                 hint="pick a revision with config, tokenizer and safetensors weights, or widen train.model.allow_patterns",
             )
         manifest = model_manifest(tmp, repo_id=repo_id, sha=sha)
-        _swap_into_place(tmp, dest)
+        replace_folder(tmp, dest)
     except ModelError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -168,16 +168,6 @@ def download_model(
         manifest["total_bytes"],
     )
     return manifest
-
-
-def _swap_into_place(tmp: Path, dest: Path) -> None:
-    """Rename `tmp` to `dest`; an existing `dest` is moved aside first and removed after."""
-    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-    if dest.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def model_manifest(path: str | os.PathLike, *, repo_id: str, sha: str) -> dict[str, Any]:

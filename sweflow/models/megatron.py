@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..util import run_cmd
+from ..util import replace_folder, run_cmd
 from .hub import ModelError
 
 CONVERTERS = ("mbridge", "megatron-bridge", "verl")
@@ -211,12 +211,7 @@ def run_megatron_convert(
                 field="train.model.megatron",
             )
         checkpoint_layout(tmp)  # complete before it is published
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        if out.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

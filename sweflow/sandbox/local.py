@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SandboxError
-from ..util import atomic_write_json, log, read_json, run_cmd, sha256_bytes, stable_json
+from ..util import atomic_write_json, log, read_json, replace_folder, run_cmd, sha256_bytes, stable_json
 from . import ledger
 from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
@@ -221,11 +221,7 @@ class LocalProvider:
                 "claude": str(claude) if claude else "",
             }
             atomic_write_json(work / "template.json", meta)
-            old = tdir.with_name(f".{name}.old-{uuid.uuid4().hex[:6]}")
-            if tdir.exists():
-                os.replace(tdir, old)
-            os.replace(work, tdir)
-            shutil.rmtree(old, ignore_errors=True)
+            replace_folder(work, tdir)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             if not work.exists():

@@ -26,7 +26,7 @@ from ..errors import DatasetError, TrainError
 from ..grading.evaluate import read_evidence, write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
-from ..util import atomic_write, atomic_write_json, sha256_bytes
+from ..util import atomic_write, atomic_write_json, replace_folder, sha256_bytes
 
 __all__ = [
     "collect_trajectories_step",
@@ -303,7 +303,6 @@ def train_sft_step(
 
     One process trains here; more (`parallel.nodes` x `gpus_per_node`) are started with accelerate (FSDP2
     when `parallel.fsdp`), through srun on every node of the Slurm allocation when inside one."""
-    import shutil
     import subprocess
     import sys
 
@@ -343,8 +342,7 @@ def train_sft_step(
                          "rendezvous": launch.rendezvous}  # fmt: skip
     final = Path(final_out)
     if (work / "final").resolve() != final.resolve():
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(work / "final", final)
+        replace_folder(work / "final", final)
     summary["final"] = str(final_out)
     atomic_write_json(summary_out, summary)
     return summary

@@ -23,7 +23,15 @@ from typing import Any
 from ..errors import TrainError
 from ..rulekit import from_snakemake
 from ..train.worker import proxy_settings as _proxy_settings
-from ..util import atomic_write, atomic_write_json, read_json, sha256_file, stable_json, write_if_changed
+from ..util import (
+    atomic_write,
+    atomic_write_json,
+    read_json,
+    replace_folder,
+    sha256_file,
+    stable_json,
+    write_if_changed,
+)
 
 __all__ = [
     "TrainError",
@@ -195,8 +203,7 @@ def _publish(work: Path, outputs: Mapping[str, str]) -> None:
             shutil.copytree(work / name, tmp)
         else:
             tmp.mkdir(parents=True)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
+        replace_folder(tmp, dest)
 
 
 def _checkpoints(work: Path) -> list[dict[str, Any]]:

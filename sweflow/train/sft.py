@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainError
-from ..util import atomic_write, jsonl_line
+from ..util import atomic_write, jsonl_line, replace_folder
 
 log = logging.getLogger("sweflow.train")
 
@@ -359,13 +359,7 @@ def _publish(trainer: Any, tokenizer: Any, out_dir: Path) -> Path:
     trainer.save_model(str(tmp))  # every rank: FSDP gathers the full state dict for rank 0
     if main:
         tokenizer.save_pretrained(str(tmp))
-        old = out_dir / ".final.old"
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, final)
     trainer.accelerator.wait_for_everyone()
     return final
 

@@ -75,3 +75,26 @@ def test_the_folder_mode_follows_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "images").stat().st_mode & 0o777 == 0o775
+
+
+def test_replace_folder_swaps_in_the_new_folder_and_leaves_nothing_beside(tmp_path):
+    from sweflow.util import replace_folder
+
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "old.txt").write_text("old")
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "new.txt").write_text("new")
+    replace_folder(tmp_path / "new", tmp_path / "dest")
+    assert [p.name for p in (tmp_path / "dest").iterdir()] == ["new.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["dest"]
+
+
+def test_replace_folder_puts_the_old_folder_back_when_the_new_one_cannot_move(tmp_path):
+    from sweflow.util import replace_folder
+
+    (tmp_path / "dest").mkdir()
+    (tmp_path / "dest" / "old.txt").write_text("old")
+    with pytest.raises(FileNotFoundError):
+        replace_folder(tmp_path / "missing", tmp_path / "dest")
+    assert [p.name for p in (tmp_path / "dest").iterdir()] == ["old.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["dest"]
