@@ -111,8 +111,16 @@ def test_reap_kills_the_processes_of_a_dead_runs_local_sandbox(workdir: Path) ->
 
 
 def _binding(folder: Path) -> subprocess.Popen:
-    """A process whose command line names `folder` (as a local sandbox's bwrap does), in its own session."""
-    return subprocess.Popen(["/bin/sh", "-c", 'sleep 300; : "$0"', f"{folder}/tmp"], start_new_session=True)
+    """A process whose command line names `folder` (as a local sandbox's bwrap does), in its own session;
+    one process (no shell forking a child), returned once its command line shows the folder."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", f"{folder}/tmp"], start_new_session=True
+    )
+    deadline = time.monotonic() + 30
+    while proc.pid not in ledger._pids_using(str(folder)):
+        assert time.monotonic() < deadline and proc.poll() is None, "the process did not start"
+        time.sleep(0.01)
+    return proc
 
 
 def test_processes_that_appear_after_the_first_scan_are_killed_too(tmp_path, monkeypatch) -> None:
