@@ -32,11 +32,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_data_stage import synthetic_rows  # noqa: E402
-
-from sweflow.sample import write_parquet  # noqa: E402
+from sweflow.sample import numbered_rows, write_parquet  # noqa: E402
 
 DATASET, SPLIT = "bench", "train"
 PARQUET = f"resources/datasets/{DATASET}/{SPLIT}.parquet"
@@ -122,7 +119,7 @@ def prepare(workdir: Path, rows: int) -> dict:
     cfg = load_config(cfg_file)
     ds = cfg["dataset"]
     (workdir / PARQUET).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(synthetic_rows(rows), workdir / PARQUET)
+    write_parquet(numbered_rows(rows), workdir / PARQUET)
     validate_split(
         workdir / PARQUET,
         workdir / ROWS_REPORT,

@@ -23,18 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sweflow.sample import sample_rows, write_parquet  # noqa: E402
-
-
-def synthetic_rows(n: int) -> list[dict]:
-    """n rows cloned from the sample tasks, each with its own instance id (so its own image)."""
-    base = sample_rows("train")
-    rows = []
-    for i in range(n):
-        r = dict(base[i % len(base)])
-        r["instance_id"] = f"sweflow__calclib-{100000 + i}"
-        rows.append(r)
-    return rows
+from sweflow.sample import numbered_rows, write_parquet  # noqa: E402
 
 
 def run(workdir: Path, cores: int, *extra: str) -> tuple[float, int]:
@@ -73,7 +62,7 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sweflow-bench-"))
     data = workdir / "offline"
     data.mkdir(parents=True, exist_ok=True)
-    rows = synthetic_rows(args.rows)
+    rows = numbered_rows(args.rows)
     write_parquet(rows, data / "train.parquet")
     cfg = {
         "dataset": {
@@ -91,9 +80,7 @@ def main() -> None:
 
     first, jobs1 = run(workdir, args.cores)
     noop, jobs2 = run(workdir, args.cores)
-    extra = dict(rows[0])
-    extra["instance_id"] = f"sweflow__calclib-{100000 + args.rows}"
-    write_parquet([*rows, extra], data / "train.parquet")
+    write_parquet(numbered_rows(args.rows + 1), data / "train.parquet")  # one new row at the end
     change, jobs3 = run(workdir, args.cores)
 
     print(f"rows={args.rows} images={args.rows} cores={args.cores} workdir={workdir}")

@@ -107,6 +107,13 @@ def sample_rows(split: str, *, extra: bool = False) -> list[dict[str, Any]]:
     return [load_task(i) for i in ids]
 
 
+def numbered_rows(n: int, *, split: str = "train", first: int = 100000) -> list[dict[str, Any]]:
+    """`n` rows cycling through the sample rows of `split`, each with its own instance id (so its own image):
+    a dataset of any size for scale benchmarks and tests."""
+    base = sample_rows(split)
+    return [{**base[i % len(base)], "instance_id": f"sweflow__calclib-{first + i}"} for i in range(n)]
+
+
 def to_skyrl(row: dict[str, Any]) -> dict[str, Any]:
     """Wrap a raw row in the SkyRL shape {data_source, prompt, env_class, instance}."""
     return {

@@ -19,11 +19,6 @@ from sweflow.stages import data
 PREFIX = "sweflow-sample/sweb.eval.x86_64."
 
 
-@pytest.fixture(scope="module")
-def harness():
-    return data.harness_from_config("swebench", "sample")
-
-
 def options(harness, **over):
     return data.convert_options(
         dataset="sample",

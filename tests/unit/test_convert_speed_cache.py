@@ -14,15 +14,8 @@ from sweflow.harness import standalone, unpack_command
 from sweflow.sample import sample_rows
 from sweflow.stages import data
 
-pytest.importorskip("swebench", reason="swebench 4.x is the harness the tests run against")
-
 PREFIX = "sweflow-sample/sweb.eval.x86_64."
 CALCLIB = "sweflow/calclib"
-
-
-@pytest.fixture(scope="module")
-def harness():
-    return data.harness_from_config("swebench", "sample")
 
 
 @pytest.fixture

@@ -10,17 +10,10 @@ from sweflow.dataset import convert as conv
 from sweflow.dataset.images import ImageNaming
 from sweflow.dataset.splits import BadRowsError, RowProblem
 from sweflow.errors import DatasetError
-from sweflow.sample import sample_rows
+from sweflow.sample import numbered_rows
 from sweflow.stages import data
 
-pytest.importorskip("swebench", reason="swebench 4.x is the harness the tests run against")
-
 PREFIX = "sweflow-sample/sweb.eval.x86_64."
-
-
-@pytest.fixture(scope="module")
-def harness():
-    return data.harness_from_config("swebench", "sample")
 
 
 @pytest.fixture
@@ -29,13 +22,7 @@ def small_chunks(monkeypatch):
 
 
 def rows(n: int) -> list[dict]:
-    base = sample_rows("train")
-    out = []
-    for i in range(n):
-        r = dict(base[i % len(base)])
-        r["instance_id"] = f"sweflow__calclib-{9000 + i}"
-        out.append(r)
-    return out
+    return numbered_rows(n, first=9000)
 
 
 def run(harness, insts, *, workers, mapping=None, failed=None):
