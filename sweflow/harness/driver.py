@@ -29,8 +29,14 @@ _WORDS = re.compile(r"[\s:()\[\],]+")
 # pytest's verbose form, as SWE-smith's logs have it: "<path>::<test id> STATUS   [ 42%]" (ids may hold spaces)
 _VERBOSE_LINE = re.compile(r"^(\S+?::.+?) (PASSED|FAILED|SKIPPED|ERROR|XFAIL)(?: +\[ *\d+%\])?\s*$")
 
+EVAL_TYPE_FAIL_ONLY = "fail_only"  # swebench 5.x: the parser records failures only; absent = passed
+# pytest's progress suffix and runs of blanks: two status lines are the same line when equal without them
+_PROGRESS = re.compile(r"\s*\[ *\d+%\]\s*$")
+_BLANKS = re.compile(r"\s+")
+
 FAILURE_REASONS = (
     "missing_parser",
+    "missing_test_markers",
     "parser_exception",
     "no_tests_parsed",
     "fail_to_pass_failure",
@@ -84,15 +90,22 @@ def resolve_test(name: str, statuses: dict) -> list:
     return []
 
 
-def test_passes(name: str, statuses: dict) -> bool:
-    """True iff the test's parsed status is PASSED or XFAIL (absent tests do not pass)."""
+def test_passes(name: str, statuses: dict, fail_only: bool = False) -> bool:
+    """True iff the test's parsed status is PASSED or XFAIL (absent tests do not pass).
+
+    ``fail_only`` (a parser that records failures only): a test passes unless reported FAILED or ERROR.
+    """
     keys = resolve_test(name, statuses)
+    if fail_only:
+        return not any(statuses[k] in FAILING_STATUSES for k in keys)
     return bool(keys) and all(statuses[k] in PASSING_STATUSES for k in keys)
 
 
-def test_maintained(name: str, statuses: dict) -> bool:
+def test_maintained(name: str, statuses: dict, fail_only: bool = False) -> bool:
     """A PASS_TO_PASS test holds iff it passes or was SKIPPED (a skip is not a regression)."""
     keys = resolve_test(name, statuses)
+    if fail_only:
+        return not any(statuses[k] in FAILING_STATUSES for k in keys)
     return bool(keys) and all(statuses[k] in PASSING_STATUSES + (SKIPPED_STATUS,) for k in keys)
 
 
@@ -125,6 +138,8 @@ def grade(
     contradicted: list | tuple = (),
     duplicated: list | tuple = (),
     log_tail: str = "",
+    fail_only: bool = False,
+    suite_ran: bool = False,
 ) -> GradeResult:
     """Grade parsed test statuses against the expected F2P/P2P lists (the rules: ``sweflow.reward``).
 
@@ -134,10 +149,12 @@ def grade(
     contradict an all-passing log, and no required test was reported passing by more than one line
     (``duplicated``: a test runner reports each test once; a second PASSED line was printed by something
     else). ``failure_reason`` is the first failing check, in the order: timeout, nothing parsed, F2P, P2P,
-    contradiction, duplicate; ``failure_detail`` counts every failing F2P and P2P test.
+    contradiction, duplicate; ``failure_detail`` counts every failing F2P and P2P test. ``fail_only``:
+    the parser records failures only, so an absent test passes and an empty map is a clean run when
+    ``suite_ran`` (the harness found evidence that the runner executed tests).
     """
-    f2p_bad = [t for t in fail_to_pass if not test_passes(t, statuses)]
-    p2p_bad = [t for t in pass_to_pass if not test_maintained(t, statuses)]
+    f2p_bad = [t for t in fail_to_pass if not test_passes(t, statuses, fail_only)]
+    p2p_bad = [t for t in pass_to_pass if not test_maintained(t, statuses, fail_only)]
     required = set(fail_to_pass) | set(pass_to_pass)
     required |= {k for t in list(required) for k in resolve_test(t, statuses)}
     bad_required = sorted(t for t in contradicted if t in required)
@@ -152,7 +169,7 @@ def grade(
     reason = detail = None
     if eval_returncode in TIMEOUT_RETURNCODES:
         reason, detail = "eval_timeout", f"eval_timeout: eval exit status {eval_returncode}"
-    elif not statuses:
+    elif not statuses and not (fail_only and suite_ran):
         reason, detail = "no_tests_parsed", "no_tests_parsed: the parser found no test status in the log"
     elif counts:
         reason, detail = ("fail_to_pass_failure" if f2p_bad else "pass_to_pass_regression"), "; ".join(counts)
@@ -238,13 +255,35 @@ def parse_log_pytest_verbose(log: str, test_spec=None) -> dict:
     return found
 
 
+def status_map(parser, text: str, spec) -> dict:
+    """The harness parser's statuses, completed by pytest's verbose lines for ids the parser lacks.
+
+    A log may hold both forms (``--verbose`` lines plus the ``-rA``/``--tb`` summary, which lists only
+    failures when ``-rA`` is absent): reading the verbose form only when the parser found nothing lost
+    every verbose PASSED line as soon as one summary ``FAILED`` line was there.
+    """
+    statuses = dict(call_parser(parser, text, spec)) if parser is not parse_log_pytest_verbose else {}
+    for key, status in parse_log_pytest_verbose(text).items():
+        statuses.setdefault(key, status)
+    return statuses
+
+
+def markers_missing(log: str, start: str | None, end: str | None) -> bool:
+    """True when the harness brackets test output with markers and the log lacks either one."""
+    return bool(start and end) and (start not in log or end not in log)
+
+
 def parse_statuses(parser, log: str, spec, start: str, end: str) -> dict:
-    """Run the harness parser the way the harness grader does: the marked test section, else the whole log."""
+    """Statuses of the marked test section; when it holds none, of the log from the start marker on.
+
+    Upstream falls back to the whole log; the part before the start marker is the install and setup
+    output, which the patched code can print into (``pip install -e .`` runs it), so it never counts.
+    """
     section = test_section(log, start, end)
-    statuses = call_parser(parser, section, spec) if section else {}
+    statuses = status_map(parser, section, spec) if section else {}
     if not statuses:
-        statuses = call_parser(parser, log, spec)
-    return dict(statuses)
+        statuses = status_map(parser, from_first_start(log, start), spec)
+    return statuses
 
 
 def call_parser(parser, text: str, spec) -> dict:
@@ -257,11 +296,16 @@ def call_parser(parser, text: str, spec) -> dict:
         return parser(text)
 
 
+def line_identity(line: str) -> str:
+    """A status line as text, without pytest's progress suffix and with blanks collapsed."""
+    return _BLANKS.sub(" ", _PROGRESS.sub("", line)).strip()
+
+
 def line_statuses(parser, text: str, spec, names) -> dict:
-    """For each test in ``names``: the list of statuses, one per log line the parser maps to it.
+    """For each test in ``names``: a list of ``(status, line identity)``, one per log line reporting it.
 
     Parsing line by line reveals what the harness's last-line-wins map hides: a forged ``PASSED x``
-    printed after the real ``FAILED x``, or printed twice.
+    printed after the real ``FAILED x``, or the same status line printed twice.
     """
     wanted = set(names)
     # A line can only report a wanted test if it holds that test's short name as a word: skip the rest
@@ -274,27 +318,38 @@ def line_statuses(parser, text: str, spec, names) -> dict:
         if not line.strip() or not any(w in short for w in _WORDS.split(line)):
             continue
         try:
-            found = call_parser(parser, line, spec)
+            found = status_map(parser, line, spec)
         except Exception:  # a parser may choke on a lone line; the full parse already succeeded
             continue
         for test, status in found.items():
             if test in wanted:
-                seen.setdefault(test, []).append(status)
+                seen.setdefault(test, []).append((status, line_identity(line)))
     return seen
 
 
 def contradicted_tests(per_line: dict) -> list:
     """Tests one line reports passing and another FAILED/ERROR/SKIPPED (``per_line`` from ``line_statuses``)."""
-    return sorted(
-        t
-        for t, st in per_line.items()
-        if set(st) & set(PASSING_STATUSES) and set(st) & set(CONTRADICTING_STATUSES)
-    )
+    out = []
+    for test, seen in per_line.items():
+        statuses = {status for status, _ in seen}
+        if statuses & set(PASSING_STATUSES) and statuses & set(CONTRADICTING_STATUSES):
+            out.append(test)
+    return sorted(out)
 
 
 def duplicated_tests(per_line: dict) -> list:
-    """Tests that more than one line reports as passing (``per_line`` from ``line_statuses``)."""
-    return sorted(t for t, st in per_line.items() if sum(s in PASSING_STATUSES for s in st) > 1)
+    """Tests for which the same passing status line appears more than once (``per_line``: ``line_statuses``).
+
+    Only a repeat of the same line counts: the ``-rA`` parsers cut ids at the first space, so several
+    real tests (``test_x[a b]``, ``test_x[a c]``) map to one key through different lines, and a runner
+    prints each test's line once.
+    """
+    out = []
+    for test, seen in per_line.items():
+        lines = [ident for status, ident in seen if status in PASSING_STATUSES]
+        if len(lines) > len(set(lines)):
+            out.append(test)
+    return sorted(out)
 
 
 class _Spec:
@@ -306,6 +361,7 @@ class _Spec:
         self.version = meta.get("version", "")
         self.FAIL_TO_PASS = list(meta.get("FAIL_TO_PASS", []))
         self.PASS_TO_PASS = list(meta.get("PASS_TO_PASS", []))
+        self.eval_type = meta.get("eval_type") or "pass_and_fail"
 
 
 def evaluate_log(
@@ -339,12 +395,20 @@ def evaluate_log(
             log_tail=tail,
             detail=f"the harness has no log parser for {meta.get('repo') or 'this repo'}",
         )
+    if markers_missing(log, start, end) and eval_returncode not in TIMEOUT_RETURNCODES:
+        return failed_grade(
+            "missing_test_markers",
+            f2p,
+            p2p,
+            eval_returncode=eval_returncode,
+            test_exit_code=exit_code,
+            log_tail=tail,
+            detail="the log lacks the harness's start or end test-output marker: the eval script did not run through",
+        )
     spec = _Spec(meta)
+    fail_only = spec.eval_type == EVAL_TYPE_FAIL_ONLY
     try:
         statuses = parse_statuses(parser, log, spec, start, end)
-        if not statuses:  # no line in the parser's form: read pytest's verbose form (same integrity checks)
-            statuses = parse_statuses(parse_log_pytest_verbose, log, spec, start, end)
-            parser = parse_log_pytest_verbose if statuses else parser
         if collect is not None:
             collect.update(statuses)
         wanted = set(f2p + p2p) | {k for t in f2p + p2p for k in resolve_test(t, statuses)}
@@ -371,7 +435,14 @@ def evaluate_log(
         contradicted=contradicted,
         duplicated=duplicated,
         log_tail=tail,
+        fail_only=fail_only,
+        suite_ran=fail_only and suite_ran(from_first_start(log, start), meta.get("suite_ran")),
     )
+
+
+def suite_ran(log: str, pattern) -> bool:
+    """Evidence that the runner executed tests: the harness's own pattern (swebench 5.x ``SUITE_RAN``)."""
+    return bool(pattern) and re.search(pattern, log, re.M) is not None
 
 
 def marker_line(result: GradeResult, marker: str = DEFAULT_REWARD_MARKER) -> str:

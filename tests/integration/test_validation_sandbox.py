@@ -241,3 +241,38 @@ def test_local_network_is_offline_unless_an_evaluation_asks(local_sample):
         assert sb.run(probe, timeout=60).stdout.strip() == str(host), "the host's interfaces"
     with pytest.raises(SandboxError, match="fresh evaluations only"):
         env.provider.create(tpl, timeout=120, network="internet", egress="127.0.0.1:9")
+
+
+SPACED = """import pytest
+
+from calclib.tokenizer import NUMBER, OP, tokenize
+
+
+@pytest.mark.parametrize(
+    "text", ["6.02e23 + 1", "6.02e23 * 2", "\\n    1E3 - 4", "\\n    1E3 / 5", "2 + 2"]
+)
+def test_exponent_then_operator(text):
+    kinds = [t.kind for t in tokenize(text.strip())]
+    assert kinds[:2] == [NUMBER, OP]
+"""
+
+
+def test_a_task_whose_cut_ids_stand_for_several_tests_is_valid(sample_env):  # noqa: F811
+    """The sqlfluff-2386 shape: -rA cuts ids at the first space, so two real tests map to one expected id
+    (the form datasets keep); swebench resolves the gold patch on such logs, so validation must too."""
+    env = sample_env
+    inst = load_task(TASK)
+    test_patch = env.make_patch(
+        inst["base_commit"], {"tests/test_spaced.py": SPACED}, on_top_of=inst["test_patch"]
+    )
+    p = "tests/test_spaced.py::test_exponent_then_operator["
+    cut = {
+        **inst,
+        "test_patch": test_patch,
+        "FAIL_TO_PASS": [*inst["FAIL_TO_PASS"], p + "6.02e23", p + "\\n"],
+        "PASS_TO_PASS": [*inst["PASS_TO_PASS"], p + "2"],
+    }
+    rec = validate_task(env.provider, env.meta(cut), inst["patch"], repeats=1)
+    assert (rec["verdict"], rec["reason"]) == ("valid", None), rec
+    gold = next(x for x in rec["runs"] if x["patch"] == "gold")
+    assert gold["marker"]["fail_to_pass_success"] == len(cut["FAIL_TO_PASS"])

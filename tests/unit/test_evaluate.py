@@ -275,7 +275,7 @@ def test_failed_apply():
             1,
             "fail_to_pass_failure",
         ),
-        (DEFAULT_REWARD_MARKER + '{"resolved": true, "failure_reason": null}\n', 0, "no_tests_parsed"),
+        (DEFAULT_REWARD_MARKER + '{"resolved": true, "failure_reason": null}\n', 0, "missing_test_markers"),
         # Forged PASSED lines: the test command's own status (from the provider) says it failed.
         (pytest_log(ALL_PASS), 1, "log_contradicts_exit_code"),
         # An exit-code line printed by the tested code is ignored: the provider's status counts.
@@ -429,7 +429,7 @@ def test_a_log_without_the_start_marker_is_eval_not_run_for_trusted_patches_only
     assert (res.failure_reason, res.infra) == ("eval_not_run", True) and "no '>>>>> Start" in res.error
     # An agent's patch may run code before the tests (a reinstall): its log is graded, reward 0.
     res = evaluate_patch(FakeProvider(FakeSandbox(log=log, exit_code=2)), "tpl", META, SRC_PATCH)
-    assert (res.failure_reason, res.infra, res.reward) == ("no_tests_parsed", False, 0.0)
+    assert (res.failure_reason, res.infra, res.reward) == ("missing_test_markers", False, 0.0)
 
 
 def test_git_apply_cut_short_by_a_dead_sandbox_is_not_failed_apply_patch():

@@ -258,7 +258,9 @@ def test_parser_exception_is_reported_not_raised():
     def exploding(log, spec):
         raise ValueError("boom")
 
-    res = driver.evaluate_log(exploding, "PASSED a\n", {"FAIL_TO_PASS": ["a"]}, 0, START, END)
+    res = driver.evaluate_log(
+        exploding, f"{START}\nPASSED a\n{END}\n", {"FAIL_TO_PASS": ["a"]}, 0, START, END
+    )
     assert (res.resolved, res.failure_reason) == (False, "parser_exception")
     assert "boom" in res.log_tail
 
@@ -268,7 +270,12 @@ def test_old_style_single_argument_parser_is_supported():
         return {ln.split()[1]: ln.split()[0] for ln in log.splitlines() if ln.startswith("PASSED ")}
 
     res = driver.evaluate_log(
-        old, "PASSED a\nPASSED b\n", {"FAIL_TO_PASS": ["a"], "PASS_TO_PASS": ["b"]}, 0, START, END
+        old,
+        f"{START}\nPASSED a\nPASSED b\n{END}\n",
+        {"FAIL_TO_PASS": ["a"], "PASS_TO_PASS": ["b"]},
+        0,
+        START,
+        END,
     )
     assert res.resolved and res.parsed_tests == 2
 
@@ -281,3 +288,62 @@ def test_forged_end_marker_and_late_passed_line_is_not_resolved(harness, logs, t
     payload, statuses, _ = _run_program(harness, tmp_path, CALCLIB, log, [P + "test_fail"], [])
     assert statuses[P + "test_fail"] == "PASSED"  # the last-line-wins map alone would be fooled
     assert (payload["resolved"], payload["failure_reason"]) == (False, "log_contradicts_exit_code")
+
+
+# Parametrized ids with spaces, an escaped newline and brackets: pytest -rA prints each test once, and the
+# -rA parser cuts every id at its first space, so several real tests share one parser key (the shape of
+# sqlfluff-2386, dask-10441, pydicom-1458).
+SPACED_FILE = textwrap.dedent(
+    """
+    import pytest
+
+    @pytest.mark.parametrize("text", ["a b", "a c", "\\n    select 1", "\\n    select 2", "[q] r", "[q] s", "plain"])
+    def test_content_count(text):
+        assert text
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def spaced(tmp_path_factory):
+    out, rc = _run_pytest(tmp_path_factory.mktemp("spaced"), {"tests/test_m.py": SPACED_FILE})
+    assert rc == 0 and "7 passed" in out, out
+    return out
+
+
+def test_cut_parametrized_ids_that_share_a_key_resolve_as_upstream_grades_them(harness, spaced, tmp_path):
+    parser = MAP_REPO_TO_PARSER["astropy/astropy"]
+    keys = sorted(parser(spaced, None))
+    # 7 tests, 4 keys: "a b"/"a c", "\\n    select 1"/"... 2" and "[q] r"/"[q] s" collapse to one cut id each
+    assert len(keys) == 4 and f"{P}test_content_count[a" in keys, keys
+    log = _eval_log(spaced, 0)
+    payload, _, _ = _run_program(harness, tmp_path, CALCLIB, log, keys[:2], keys[2:])
+    host = driver.evaluate_log(
+        parser, log, {"FAIL_TO_PASS": keys[:2], "PASS_TO_PASS": keys[2:]}, 0, START, END
+    )
+    # upstream: the same log resolves
+    (tmp_path / "up.log").write_text(log)
+    spec = make_test_spec(_instance("astropy/astropy", "4.3", keys[:2], keys[2:]))
+    sm, found = get_logs_eval(spec, str(tmp_path / "up.log"))
+    report = get_eval_tests_report(
+        sm, {"FAIL_TO_PASS": keys[:2], "PASS_TO_PASS": keys[2:], "FAIL_TO_FAIL": [], "PASS_TO_FAIL": []}
+    )
+    assert found and get_resolution_status(report) == ResolvedStatus.FULL.value
+    assert payload["resolved"] and host.resolved, (payload, host.failure_detail)
+
+
+def test_a_forged_repeat_of_a_real_status_line_is_still_a_duplicate(harness, spaced, tmp_path):
+    parser = MAP_REPO_TO_PARSER["astropy/astropy"]
+    keys = sorted(parser(spaced, None))
+    real = next(ln for ln in spaced.splitlines() if ln.startswith(f"PASSED {P}test_content_count[a "))
+    log = _eval_log(spaced.rstrip("\n") + "\n" + real + "\n", 0)
+    payload, _, _ = _run_program(harness, tmp_path, CALCLIB, log, keys[:2], keys[2:])
+    host = driver.evaluate_log(
+        parser, log, {"FAIL_TO_PASS": keys[:2], "PASS_TO_PASS": keys[2:]}, 0, START, END
+    )
+    assert payload["failure_reason"] == host.failure_reason == "duplicate_status_lines"
+    # the same line with pytest's progress suffix or other spacing is still the same line
+    verbose = f"{P}test_content_count[plain] PASSED"
+    log = _eval_log(spaced.rstrip("\n") + f"\n{verbose}  [ 50%]\n{verbose}\n", 0)
+    g = driver.evaluate_log(parser, log, {"FAIL_TO_PASS": [f"{P}test_content_count[plain]"]}, 0, START, END)
+    assert g.failure_reason == "duplicate_status_lines"
