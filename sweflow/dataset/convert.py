@@ -87,6 +87,12 @@ def convert_instance(
     return row
 
 
+def _eval_type(inst: dict[str, Any]) -> dict[str, str]:
+    """A fail-only row records its eval type (grading reads it); the common pass-and-fail one adds nothing."""
+    kind = inst.get("eval_type")
+    return {"eval_type": kind} if kind and kind != "pass_and_fail" else {}
+
+
 def _row(
     inst: dict[str, Any], *, template: str, evaluator_cmd: str, opts: ConvertOptions, parser: str | None
 ) -> dict[str, Any]:
@@ -105,7 +111,7 @@ def _row(
         "split": opts.split,
         "reward_function": opts.reward_function,
         "reward_marker": opts.reward_marker,
-        "harness": {**opts.harness_info, "parser": parser},
+        "harness": {**opts.harness_info, "parser": parser, **_eval_type(inst)},
         "FAIL_TO_PASS": list(inst["FAIL_TO_PASS"]),
         "PASS_TO_PASS": list(inst["PASS_TO_PASS"]),
         "sandbox_provider": opts.provider,

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sweflow.errors import EvalError, HarnessError
-from sweflow.harness import driver
+from sweflow.harness import driver, standalone
 from sweflow.harness.loader import TEST_EXIT_ECHO, Harness, load_harness
 from sweflow.harness.standalone import WORKDIR, unpack_command
 
@@ -125,6 +125,8 @@ class HostGrader:
             "repo": metadata.get("repo", ""),
             "version": str(metadata.get("version", "")),
         }
+        eval_type = (metadata.get("harness") or {}).get("eval_type")
+        meta.update(standalone.grading_mode(self.harness, {"eval_type": eval_type}))
         return driver.evaluate_log(
             self.parser_for(metadata),
             log,

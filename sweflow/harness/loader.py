@@ -65,6 +65,12 @@ class Harness:
 
     # ----- tables -------------------------------------------------------------------------------------
     @property
+    def suite_ran_pattern(self) -> str | None:
+        """The package's own regex for "the runner executed tests" (swebench 5.x ``SUITE_RAN``), if any."""
+        pattern = getattr(self.grading, "SUITE_RAN", None)
+        return getattr(pattern, "pattern", pattern)
+
+    @property
     def specs_table(self) -> dict:
         return getattr(self.constants, "MAP_REPO_VERSION_TO_SPECS", self._registered)
 

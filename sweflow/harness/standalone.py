@@ -238,14 +238,22 @@ def pack(data: str) -> str:
 _pack_program = functools.lru_cache(maxsize=256)(pack)
 
 
+def grading_mode(harness: Any, instance: Mapping[str, Any]) -> dict[str, Any]:
+    """What a fail-only row adds to its grading inputs: the eval type and the harness's suite-ran pattern."""
+    if instance.get("eval_type") != driver.EVAL_TYPE_FAIL_ONLY:
+        return {}
+    return {"eval_type": driver.EVAL_TYPE_FAIL_ONLY, "suite_ran": getattr(harness, "suite_ran_pattern", None)}
+
+
 def evaluator_files(harness: LoadedHarness, instance: Mapping[str, Any]) -> dict[str, str]:
     """The three files the evaluator writes: eval script (instrumented), parser program, expected tests."""
+    tests = {**expected_tests(instance), **grading_mode(harness, instance)}
     return {
         f"{WORKDIR}/eval.sh": harness.eval_script(instance, instrument=True),
         PARSER_FILE: standalone_parser_source(
             harness, instance["repo"], harness.parser_for_instance(instance)
         ),
-        f"{WORKDIR}/tests.json": json.dumps(expected_tests(instance), sort_keys=True, separators=(",", ":")),
+        f"{WORKDIR}/tests.json": json.dumps(tests, sort_keys=True, separators=(",", ":")),
     }
 
 

@@ -117,3 +117,56 @@ def test_a_swegym_row_without_eval_script_is_one_clear_line(probe):
 def test_a_5x_row_converts_and_keeps_its_own_parser(probe):
     # the row names parse_log_pytest; the repo table would say parse_log_pytest_v2
     assert probe["convert"] == {"problems": [], "skipped": [], "parser": "parse_log_pytest"}
+
+
+FAIL_ONLY = r"""
+import json, pathlib, subprocess, sys, tempfile
+from sweflow.harness import load_harness, unpack_command
+from sweflow.harness.grader import HostGrader
+
+h = load_harness("swebench")
+g = HostGrader(h)
+S, E = h.start_marker, h.end_marker
+f2p, p2p = ["renders the heading"], ["keeps links"]
+row = {"instance_id": "markedjs__marked-1", "repo": "markedjs/marked", "version": "1.0", "base_commit": "abc",
+       "test_patch": "", "FAIL_TO_PASS": json.dumps(f2p), "PASS_TO_PASS": json.dumps(p2p),
+       "eval_script": "#!/bin/bash\n: '%s'\nnpm test\n: '%s'\n" % (S, E), "log_parser": "parse_log_marked",
+       "image": "x:latest", "eval_type": "fail_only"}
+meta = {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "repo": row["repo"], "instance_id": row["instance_id"],
+        "harness": {"package": "swebench", "parser": "parse_log_marked", "eval_type": "fail_only"}}
+logs = {
+    "clean": "%s\nStarted\n.....\n\n658 specs, 0 failures\n%s\n" % (S, E),
+    "never_ran": "%s\nbrowser failed to launch\n%s\n" % (S, E),
+    "f2p_failed": "%s\nStarted\n..F\nFailures:\n1) renders the heading\n  Message:\n    x\n\n658 specs, 1 failure\n%s\n" % (S, E),
+}
+out = {k: [g.grade(v, meta, 0).resolved, g.grade(v, meta, 0).failure_reason] for k, v in logs.items()}
+# the sandbox program reads the same mode from its tests file
+files = unpack_command(h.evaluator_command(row))
+d = pathlib.Path(tempfile.mkdtemp())
+for p, text in files.items():
+    (d / p.rsplit("/", 1)[1]).write_text(text)
+(d / "eval.log").write_text(logs["clean"])
+prog = subprocess.run([sys.executable, "-I", str(d / "parser.py"), "--log", str(d / "eval.log"), "--tests",
+                       str(d / "tests.json")], capture_output=True, text=True)
+out["program_clean"] = json.loads(prog.stdout.split("=", 1)[1])["resolved"]
+out["tests_json"] = json.loads((d / "tests.json").read_text())
+print("RESULT=" + json.dumps(out))
+"""
+
+
+def test_a_fail_only_row_resolves_on_a_clean_run_with_evidence_and_only_then():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HARNESS5), str(Path.cwd())])}
+    proc = subprocess.run(
+        [sys.executable, "-c", FAIL_ONLY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=Path.cwd(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.rsplit("RESULT=", 1)[1])
+    assert out["clean"] == [True, None]  # swebench 5.x's marked parser records failures only
+    assert out["never_ran"] == [False, "no_tests_parsed"]  # no SUITE_RAN evidence
+    assert out["f2p_failed"][0] is False
+    assert out["program_clean"] is True and out["tests_json"]["eval_type"] == "fail_only"
