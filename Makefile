@@ -20,12 +20,20 @@ $(VENV)/harness5/.installed: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/harness5 'swebench==5.0.2'
 	touch $@
 
+# upstream's own grading test data for tests/unit/test_upstream_corpus.py: swebench 5.0.2's sdist ships its
+# parser and grading tests (read as data, never imported by sweflow)
+$(VENV)/upstream/.installed: $(VENV)/.installed
+	rm -rf $(VENV)/upstream && mkdir -p $(VENV)/upstream
+	$(PY) -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d $(VENV)/upstream 'swebench==5.0.2'
+	tar -xzf $(VENV)/upstream/swebench-5.0.2.tar.gz -C $(VENV)/upstream swebench-5.0.2/tests
+	touch $@
+
 # verl (with Ray) only for the tests: the embedded default trains with the TRL engine
 $(VENV)/.verl-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,report,test,verl]'
 	touch $@
 
-setup: $(VENV)/.installed $(VENV)/harness5/.installed
+setup: $(VENV)/.installed $(VENV)/harness5/.installed $(VENV)/upstream/.installed
 
 system:
 	bash .ci/system.sh
