@@ -20,7 +20,7 @@ from .procs import run_command
 # The blackbox's own secret (and where it is kept) never reaches a child process.
 SECRET_ENV_PREFIX = "SWEFLOW_BLACKBOX_TOKEN"
 
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 AGENT_TYPES = ("claude_code",)
 DEFAULT_TURN_TIMEOUT = 3600.0
 DEFAULT_CMD_TIMEOUT = 600.0

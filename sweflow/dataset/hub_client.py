@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import DatasetError
 from ..util import atomic_write, retry
 
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
 
 
 def is_sha(revision: str) -> bool:

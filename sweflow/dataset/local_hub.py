@@ -36,8 +36,8 @@ SAMPLE_REPO_ID = "sweflow/calclib-sample"
 TINY_MODEL_REPO_ID = "sweflow/tiny-qwen3"
 # The tiny models the bundled Hub can serve: repo id -> sweflow.proxy.tiny preset.
 TINY_MODEL_REPOS = {TINY_MODEL_REPO_ID: "tiny", "sweflow/tiny-qwen3-swa": "tiny-swa"}
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
-_FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?\Z")
+_FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
 
 
 class RepoNotFoundError(DatasetError):

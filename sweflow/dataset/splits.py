@@ -42,7 +42,7 @@ ROW_SCRIPT_FIELDS = ("eval_script", "log_parser", "image", "eval_type")
 # (sweflow.smith.candidates).
 INSTANCE_ID_RE = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*__[A-Za-z0-9][A-Za-z0-9._-]*"
-    r"(?:-[A-Za-z0-9._-]+|\.[0-9a-f]{8}\.[a-z_]+__[0-9a-f]{8})$"
+    r"(?:-[A-Za-z0-9._-]+|\.[0-9a-f]{8}\.[a-z_]+__[0-9a-f]{8})\Z"
 )
 
 

@@ -19,7 +19,7 @@ from sweflow.blackbox.server import MAX_JSON_DEPTH, json_depth_ok
 from sweflow.proxy import anthropic as an
 
 log = logging.getLogger("sweflow.proxy")
-SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z")
 
 
 class HttpError(Exception):

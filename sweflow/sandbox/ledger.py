@@ -30,7 +30,7 @@ from ..util import atomic_write_json, log, read_json, redact, run_cmd
 LEDGER_ENV = "SWEFLOW_LEDGER_DIR"
 LEDGER_SUBDIR = Path(".sweflow") / "sandboxes"
 KINDS = ("sandbox", "building", "container")
-_CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}$")
+_CONTAINER_ID = re.compile(r"^[0-9a-f]{12,64}\Z")
 
 
 def ledger_dir(workdir: str | os.PathLike | None = None) -> Path:

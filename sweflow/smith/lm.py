@@ -29,7 +29,7 @@ ANTHROPIC_VERSION = "2023-06-01"
 _BACKOFF = 1.0
 _RETRY_STATUSES = frozenset({408, 429})
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 @dataclass(frozen=True)

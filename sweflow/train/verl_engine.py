@@ -35,7 +35,7 @@ AGENT_LOOP_TARGET = "sweflow.train.verl_agent_loop.SweflowAgentLoop"
 CONFIG_NAME = "ppo_megatron_trainer"
 # "Per-sample mean": mean over each sample's loss tokens, then over samples.
 LOSS_AGG_MODE = "seq-mean-token-mean"
-_PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+$")
+_PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+\Z")
 
 
 def _hydra_value(value: Any) -> str:
