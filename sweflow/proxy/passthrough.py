@@ -12,7 +12,8 @@ Forwarding rules:
   `metadata.user_id` set to the proxy session id (an opaque identifier the API documents for this);
 - only the Messages fields of `FORWARDED_FIELDS` and custom tools go upstream (no server tools, MCP servers
   or containers: the sandbox's only way out is the conversation itself); an answer using a server-side tool
-  is refused;
+  is refused; of the content blocks only text, tool use/result and thinking go (`FORWARDED_BLOCKS`): a
+  document or image block, which may name a URL for the upstream to fetch, becomes a text note;
 - `anthropic-version` and `anthropic-beta` headers pass through (Claude Code's features need them), minus
   the betas that reach outside the conversation or change the price;
 - 429, 5xx and connection failures are retried `attempts` times with backoff; a read timeout is not (the
@@ -20,7 +21,8 @@ Forwarding rules:
   aborts as `proxy_error`, never a verdict about the task); redirects are never followed; an http://
   endpoint must be on this machine;
 - `count_tokens` is answered here with an estimate (no upstream request);
-- any text coming back from the upstream is scrubbed of the key before it is cut, logged or returned.
+- any text coming back from the upstream, error or answer, is scrubbed of the key before it is cut, logged
+  or returned: the raw body, and every string once decoded (a JSON-escaped echo of the key).
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ class Upstream:
             )
             try:
                 with _OPENER.open(req, timeout=self.timeout_s) as resp:
-                    return json.loads(resp.read() or b"{}")
+                    # scrubbed raw (the key as sent) and decoded (a JSON-escaped echo, \u0073k-... style)
+                    return _scrub_obj(json.loads(self.scrub(resp.read().decode("utf-8")) or "{}"), self.scrub)
             except urllib.error.HTTPError as exc:
                 if 300 <= exc.code < 400:  # never follow: the key would go wherever the redirect points
                     raise HttpError(502, "api_error", f"upstream answered a redirect ({exc.code})") from None
@@ -139,6 +142,10 @@ class Upstream:
         """What goes upstream: the allowed fields only, custom tools only (server tools, MCP servers and
         containers would give the sandbox a way to the internet that the integrity scan never sees)."""
         out = {k: v for k, v in body.items() if k in FORWARDED_FIELDS}
+        if isinstance(out.get("messages"), list):
+            out["messages"] = [_forwarded_message(m) for m in out["messages"]]
+        if isinstance(out.get("system"), list):
+            out["system"] = _forwarded_blocks(out["system"])
         if isinstance(out.get("tools"), list):
             out["tools"] = [
                 t for t in out["tools"] if isinstance(t, dict) and t.get("type") in (None, "custom")
@@ -203,6 +210,42 @@ _BLOCKED_BETAS = ("mcp", "web-fetch", "web-search", "code-execution", "files-api
                   "skills", "container", "context-management")  # fmt: skip
 
 
+# Content blocks that go upstream. Anything else (document, image, search_result, container_upload, ...)
+# can name a URL the upstream would fetch (a way to the internet and to the solution) and becomes a
+# text note saying what was left out.
+FORWARDED_BLOCKS = frozenset({"text", "tool_use", "tool_result", "thinking", "redacted_thinking"})
+
+
+def _forwarded_blocks(blocks: list) -> list:
+    out = []
+    for b in blocks:
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind not in FORWARDED_BLOCKS:
+            out.append({"type": "text", "text": f"[a {kind or 'malformed'} block is not forwarded]"})
+        elif kind == "tool_result" and isinstance(b.get("content"), list):
+            out.append({**b, "content": _forwarded_blocks(b["content"])})
+        else:
+            out.append(b)
+    return out
+
+
+def _forwarded_message(m: Any) -> Any:
+    if isinstance(m, dict) and isinstance(m.get("content"), list):
+        return {**m, "content": _forwarded_blocks(m["content"])}
+    return m
+
+
+def _scrub_obj(obj: Any, scrub: Any) -> Any:
+    """Every string of a decoded JSON value (keys included) through ``scrub``."""
+    if isinstance(obj, str):
+        return scrub(obj)
+    if isinstance(obj, list):
+        return [_scrub_obj(v, scrub) for v in obj]
+    if isinstance(obj, dict):
+        return {scrub(str(k)): _scrub_obj(v, scrub) for k, v in obj.items()}
+    return obj
+
+
 def _blocked_beta(beta: str) -> bool:
     return any(word in beta.lower() for word in _BLOCKED_BETAS)
 
@@ -239,7 +282,7 @@ def _error_message(exc: urllib.error.HTTPError, scrub: Any) -> str:
         return scrub(str(exc.reason or ""))[:300]
     try:
         err = json.loads(raw).get("error") or {}
-        return str(err.get("message") or raw)[:300]
+        return scrub(str(err.get("message") or raw))[:300]  # decoded: a JSON-escaped echo too
     except (ValueError, AttributeError):
         return raw[:300]
 

@@ -282,3 +282,69 @@ def test_one_session_cannot_have_more_than_its_share_in_flight():
             for t in threads:
                 t.join()
     assert sorted(codes) == [200, 429, 429] and len(lm.bodies) == 1
+
+
+def test_document_and_image_blocks_never_go_upstream(upstream_lm):
+    """A URL source would have the upstream fetch from the internet for the sandbox (the solution too)."""
+    url = "https://attacker.example/fix.patch"
+    user = [
+        {"type": "text", "text": "read this"},
+        {"type": "document", "source": {"type": "url", "url": url}},
+        {"type": "image", "source": {"type": "url", "url": url + ".png"}},
+    ]
+    result = {"type": "tool_result", "tool_use_id": "toolu_a", "content": [
+        {"type": "text", "text": "x = 1"}, {"type": "image", "source": {"type": "url", "url": url}}]}  # fmt: skip
+    with _proxy(upstream_lm) as proxy:
+        token, _ = _session(proxy)
+        body = _body(
+            [{"role": "user", "content": user}, {"role": "assistant", "content": "ok"},
+             {"role": "user", "content": [result]}],
+            system=[{"type": "text", "text": "be exact"}, {"type": "document", "source": {"type": "url", "url": url}}],
+        )  # fmt: skip
+        r = requests.post(proxy.url + "/v1/messages", json=body, headers={"x-api-key": token}, timeout=10)
+        assert r.status_code == 200, r.text
+    [sent] = upstream_lm.bodies
+    assert "attacker.example" not in json.dumps(sent)
+    assert [b["type"] for b in sent["messages"][0]["content"]] == ["text", "text", "text"]
+    assert sent["messages"][0]["content"][1]["text"] == "[a document block is not forwarded]"
+    assert sent["messages"][2]["content"][0]["content"][0] == {"type": "text", "text": "x = 1"}
+    assert sent["system"][0] == {"type": "text", "text": "be exact"}
+
+
+class _EchoKeyOk(BaseHTTPRequestHandler):
+    """A 200 answer carrying the key it was sent: once raw, once JSON-escaped (\\u0073k-...)."""
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        key = self.headers.get("x-api-key", "")
+        escaped = "".join(f"\\u{ord(c):04x}" for c in key)
+        data = (
+            '{"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",'
+            f' "content": [{{"type": "text", "text": "raw {key}"}}, {{"type": "text", "text": "esc {escaped}"}}],'
+            ' "usage": {"input_tokens": 1, "output_tokens": 1}}'
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_successful_answer_that_echoes_the_key_has_it_scrubbed_raw_and_decoded():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _EchoKeyOk)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        up = Upstream(f"http://127.0.0.1:{srv.server_address[1]}", api_key_env="K", environ={"K": KEY})
+        with ProxyServer(up, None) as proxy:
+            token, admin = _session(proxy)
+            r = requests.post(proxy.url + "/v1/messages", json=_body([{"role": "user", "content": "hi"}]),
+                              headers={"x-api-key": token}, timeout=30)  # fmt: skip
+            traj = requests.post(proxy.url + "/trajectory/read", json={"session_id": "expert.task-1:0:abcd1234"},
+                                 headers=admin, timeout=10).json()  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert [b["text"] for b in r.json()["content"]] == ["raw [REDACTED]", "esc [REDACTED]"]
+        assert KEY not in json.dumps(traj) and KEY not in r.text and "[REDACTED]" in json.dumps(traj)
+    finally:
+        srv.shutdown()
