@@ -45,7 +45,16 @@ class IntegrityRules:
     loopback_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "0.0.0.0", "::1", "[::1]")
     fetch_programs: tuple[str, ...] = ("curl", "wget", "http", "https", "aria2c", "lynx", "links")
     block_all_remote_fetches: bool = False  # True: any curl/wget to a non-loopback host is a violation
-    # Patch checks (sweflow.grading.patch_integrity): files that decide how tests run, wherever they are.
+    # Patch checks (sweflow.grading.patch_integrity): compiled code, which Python loads beside or instead
+    # of the source (an unchecked-hash .pyc under __pycache__ runs although the .py says otherwise) and
+    # which no text check can read; no fix needs to add it.
+    compiled_file_globs: tuple[str, ...] = ("*.pyc", "*.pyo", "*.so", "*.pyd", "*.dylib")
+    # Size caps: the patch text as extracted, and what it expands to (the sizes its binary hunks declare,
+    # and the applied tree's text diff in the fresh sandbox). Real fixes are kilobytes; a 4 MB binary
+    # patch that inflates to 512 MiB cost the host 2.3 GiB and 138 s before these.
+    max_patch_bytes: int = 2_000_000
+    max_applied_bytes: int = 32_000_000
+    # Files that decide how tests run, wherever they are.
     infra_file_globs: tuple[str, ...] = (
         "conftest.py",
         "sitecustomize.py",

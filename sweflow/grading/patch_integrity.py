@@ -9,6 +9,8 @@ when it edits, beyond files named like tests (``is_test_path``):
   names a test-runner setting (``addopts``, ``deselect``, ``-p`` plugins, ``pytest11`` entry points, ...);
 - files the eval script sources, files it installs (``setup.py``/``pyproject.toml``/... when the script
   runs an install of the repository), and every file of the task's test patch;
+- compiled code anywhere (``*.pyc``, ``__pycache__/``, ``*.so``, ...: ``IntegrityRules.compiled_file_globs``),
+  also where ignore rules hide it (the fresh sandbox's re-check force-adds every ignored file the apply wrote);
 - test data: non-Python files next to (or below) the test files of FAIL_TO_PASS / PASS_TO_PASS tests;
 - code that reaches for the test run itself: added lines matching ``IntegrityRules.tamper_patterns``
   (``_pytest`` internals, pytest hook names, ``/proc``, forking and killing, fd juggling, ...).
@@ -31,13 +33,16 @@ from sweflow.grading.integrity import DEFAULT_RULES, IntegrityRules, is_test_pat
 PROHIBITED_TEST_MODIFICATION = "prohibited_test_modification"
 PROHIBITED_TEST_INFRASTRUCTURE = "prohibited_test_infrastructure"
 SUSPICIOUS_TEST_TAMPERING = "suspicious_test_tampering"
+PATCH_TOO_LARGE = "patch_too_large"
+_BINARY_SIZE = re.compile(r"^(?:literal|delta) (\d+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class PatchViolation:
     """One refused change: ``rule`` (test_file, test_infrastructure, test_config, eval_sourced_file,
-    install_file, test_patch_file, test_data, tamper_code, unreadable_diff), the ``path`` and a one-line
-    ``detail``."""
+    install_file, test_patch_file, test_data, compiled_code, tamper_code, unreadable_diff, patch_too_large),
+    the ``path``
+    and a one-line ``detail``."""
 
     rule: str
     path: str
@@ -49,6 +54,8 @@ class PatchViolation:
             return PROHIBITED_TEST_MODIFICATION
         if self.rule == "tamper_code":
             return SUSPICIOUS_TEST_TAMPERING
+        if self.rule == PATCH_TOO_LARGE:
+            return PATCH_TOO_LARGE
         return PROHIBITED_TEST_INFRASTRUCTURE
 
     def to_dict(self) -> dict[str, str]:
@@ -216,6 +223,35 @@ def _test_file(test_id: str) -> str | None:
     return head if head.endswith(".py") else None
 
 
+def patch_size_violation(patch: str, rules: IntegrityRules = DEFAULT_RULES) -> PatchViolation | None:
+    """A patch over ``rules.max_patch_bytes``, or whose binary hunks declare more than
+    ``rules.max_applied_bytes`` once inflated; None when within both caps."""
+    size = len(patch.encode("utf-8", "surrogateescape"))
+    if size > rules.max_patch_bytes:
+        return PatchViolation(
+            PATCH_TOO_LARGE, "", f"the patch is {size} bytes, over the cap of {rules.max_patch_bytes}"
+        )
+    declared = sum(int(n) for n in _BINARY_SIZE.findall(patch)) if "GIT binary patch" in patch else 0
+    if declared > rules.max_applied_bytes:
+        return PatchViolation(
+            PATCH_TOO_LARGE,
+            "",
+            f"its binary hunks inflate to {declared} bytes, over the cap of {rules.max_applied_bytes}",
+        )
+    return None
+
+
+def applied_size_violation(size: int, rules: IntegrityRules = DEFAULT_RULES) -> PatchViolation | None:
+    """The applied tree's text diff of ``size`` bytes, when over ``rules.max_applied_bytes``."""
+    if size > rules.max_applied_bytes:
+        return PatchViolation(
+            PATCH_TOO_LARGE,
+            "",
+            f"the applied change is {size} bytes, over the cap of {rules.max_applied_bytes}",
+        )
+    return None
+
+
 def check_patch_integrity(
     patch: str,
     *,
@@ -229,6 +265,9 @@ def check_patch_integrity(
     script) gives the sourced, installed and test-patch files. Both are optional: without them those
     checks are skipped.
     """
+    too_large = patch_size_violation(patch, rules)
+    if too_large is not None:
+        return [too_large]  # not read any further
     meta = metadata or {}
     facts = eval_script_facts(eval_script, rules.workdir) if eval_script else None
     test_dirs = set()
@@ -251,6 +290,9 @@ def check_patch_integrity(
             continue
         if _matches(base, rules.infra_file_globs):
             out.append(PatchViolation("test_infrastructure", path, f"edits test infrastructure {path}"))
+            continue
+        if _matches(base, rules.compiled_file_globs) or "__pycache__" in path.split("/"):
+            out.append(PatchViolation("compiled_code", path, f"adds or changes compiled code {path}"))
             continue
         if facts is not None:
             if path in facts.test_patch_files:

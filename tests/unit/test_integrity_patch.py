@@ -70,6 +70,10 @@ def test_a_plain_source_fix_passes():
             "test_config",
         ),
         (diff("pyproject.toml", "x = 1", '"pytest11" = {force = "calclib.force"}'), "test_config"),
+        (new_file("calclib/__pycache__/tokenizer.cpython-311.pyc", "binary"), "compiled_code"),
+        (new_file("calclib/__pycache__/notes.txt", "x"), "compiled_code"),
+        (new_file("calclib/_speedups.cpython-311-x86_64-linux-gnu.so", "elf"), "compiled_code"),
+        (new_file("calclib/tokenizer.pyc", "binary"), "compiled_code"),
     ],
 )
 def test_test_infrastructure_is_refused_without_the_eval_script(patch, rule):
@@ -191,3 +195,20 @@ def test_every_sample_gold_patch_is_clean():
     for row in rows:
         script = harness.eval_script(row, instrument=True)
         assert check_patch_integrity(row["patch"], metadata=row, eval_script=script) == [], row["instance_id"]
+
+
+def test_patches_over_the_size_caps_are_refused_unread():
+    rules = IntegrityRules(max_patch_bytes=400, max_applied_bytes=1000)
+    big = new_file("calclib/big.py", *(f"x{i} = {i}" for i in range(100)))
+    assert [(v.rule, v.reason) for v in check_patch_integrity(big, rules=rules)] == [
+        ("patch_too_large", "patch_too_large")
+    ]
+    # a small binary patch that declares a large inflated size
+    binary = (
+        "diff --git a/calclib/blob.bin b/calclib/blob.bin\nnew file mode 100644\n"
+        "GIT binary patch\nliteral 5000\nzcmeIu0Sy2E0K%a6Pi+hKh(KY$fB^#r3>YwAz<>b*1`HT5V8DO@0|pEjFkrxd\n\n"
+        "literal 0\nHcmV?d00001\n\n"
+    )
+    assert rules_of(binary, rules=rules) == ["patch_too_large"]
+    assert rules_of(binary) == []  # within the default caps
+    assert rules_of(SRC, rules=rules) == []
