@@ -58,11 +58,14 @@ from ..harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_ev
 from ..sandbox.base import Provider, Sandbox
 from ..sandbox.logged import TRUNCATED_NOTE
 from ..util import atomic_write, retry
+from . import canary, fresh
 from .integrity import DEFAULT_RULES, IntegrityRules
 from .patch_integrity import (
+    PATCH_TOO_LARGE,
     PROHIBITED_TEST_INFRASTRUCTURE,
     PROHIBITED_TEST_MODIFICATION,
     SUSPICIOUS_TEST_TAMPERING,
+    PatchViolation,
     check_patch_integrity,
     patch_paths,
 )
@@ -71,13 +74,11 @@ log = logging.getLogger("sweflow.grading.evaluate")
 
 EMPTY_GENERATION = "empty_generation"
 LOG_TRUNCATED = "log_truncated"
-# git diff options no repository config can change: prefixes, external diff drivers, textconv, colour.
-PINNED_DIFF = (
-    "-c core.quotepath=true -c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.external= "
-    "-c color.diff=false diff --no-ext-diff --no-textconv --no-color --src-prefix=a/ --dst-prefix=b/"
-)
-FRESH_DIFF_FILE = "/tmp/.sweflow/fresh.diff"
+# The fresh-sandbox step's pinned git options and files (shared with SWE-smith's validation).
+PINNED_DIFF, UNHOOKED = fresh.PINNED_DIFF, fresh.UNHOOKED
+FRESH_DIFF_FILE, PATCH_FILE = fresh.FRESH_DIFF_FILE, fresh.PATCH_FILE
 PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
+PATCH_UNEXTRACTABLE = "patch_unextractable"
 FAILED_APPLY_PATCH = "failed_apply_patch"
 FRESH_EVAL_EXCEPTION = "fresh_eval_exception"
 FRESH_EVAL_TIMEOUT = "fresh_eval_timeout"
@@ -92,7 +93,6 @@ PATCH_DEFEATED_EVALUATION = "patch_defeated_evaluation"
 # Networks a fresh evaluation may get: offline, or the provider's outbound network.
 NETWORK_MODES = ("none", "internet")
 
-PATCH_FILE = "/tmp/.sweflow/patch.diff"
 OUTPUT_TAIL_CHARS = 4000
 SETUP_TIMEOUT = 300.0
 # Time allowed beyond the evaluator's own timeout before the fresh evaluation is abandoned.
@@ -136,13 +136,7 @@ class PatchResult:
         return asdict(self)
 
 
-def _decode(data: bytes) -> str:
-    # surrogateescape keeps non-UTF-8 bytes of a diff intact through str and back (see _encode).
-    return data.decode("utf-8", "surrogateescape")
-
-
-def _encode(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
+_decode, _encode = fresh.decode, fresh.encode
 
 
 def check_patch(
@@ -164,39 +158,62 @@ def check_patch(
 
 
 def extract_patch(
-    sb: Sandbox, base_commit: str, *, workdir: str = "/testbed", attempts: int = 3
+    sb: Sandbox,
+    base_commit: str,
+    *,
+    workdir: str = "/testbed",
+    attempts: int = 3,
+    rules: IntegrityRules = DEFAULT_RULES,
 ) -> PatchResult:
     """``git add -A && git diff --cached --binary <base>`` in ``workdir``, retried on SandboxError.
 
     The diff goes through a file (``read_file``), not stdout, so a large patch is never cut to the
-    command output tail. Never raises for provider faults: after ``attempts`` tries the result has
-    failure_reason patch_extraction_failed.
+    command output tail; one over ``rules.max_patch_bytes`` is never read (patch_too_large). Never raises:
+    provider faults, after ``attempts`` tries, are patch_extraction_failed (infrastructure); the command
+    failing in a live sandbox is patch_unextractable (the agent's doing: graded 0).
     """
     wd, base = shlex.quote(workdir), shlex.quote(base_commit)
     # The agent controls this repository's .git: its config (diff prefixes, external diff, textconv) and
     # its index (a stale index.lock) must not shape the diff. A private index and pinned options do that;
     # what the diff SHOWS is re-checked in the fresh sandbox anyway (see _fresh_diff).
-    index = f"/tmp/.sweflow/extract-{uuid.uuid4().hex}.index"
+    # A folder of its own, named at random: the agent cannot block it in advance (``touch /tmp/.sweflow``).
+    work = f"/tmp/.sweflow-extract-{uuid.uuid4().hex}"
+    index, out = f"{work}/index", f"{work}/patch.diff"
     cmd = (
-        f"mkdir -p /tmp/.sweflow && cd {wd} && export GIT_INDEX_FILE={index} && git add -A && "
-        f"git {PINNED_DIFF} --cached --binary {base} > {PATCH_FILE}; rc=$?; rm -f {index}; exit $rc"
+        f"mkdir -m 700 {work} && cd {wd} && export GIT_INDEX_FILE={index} && git {UNHOOKED} add -A && "
+        f"git {PINNED_DIFF} --cached --binary {base} > {out}; rc=$?; rm -f {index}; "
+        f'[ $rc -eq 0 ] && printf "\\n%s\\n" "$(wc -c < {out})"; exit $rc'
     )
+    cap = rules.max_patch_bytes
 
-    def once() -> str:
+    def once() -> str | None:
         r = sb.run(cmd, timeout=120)
         if not r.ok:
             raise EvalError(
-                f"git diff failed (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}",
+                f"git diff failed (exit {r.exit_code}{', timed out' if r.timed_out else ''}): "
+                f"{(r.stderr or r.stdout).strip()[-300:]}",
                 row=getattr(sb, "id", None),
                 field="base_commit",
             )
-        return _decode(sb.read_file(PATCH_FILE))
+        size = (r.stdout.strip().splitlines() or [""])[-1].strip()
+        if not size.isdigit():
+            raise EvalError(f"git diff wrote no size: {r.stdout.strip()[-200:]!r}", field="base_commit")
+        if int(size) > cap:
+            return None
+        data = sb.read_file(out)
+        return None if len(data) > cap else _decode(data)
 
     try:
         patch = retry(once, attempts=attempts, backoff=1.0, retry_on=(SandboxError,), what="extract_patch")
-    except (SandboxError, EvalError) as exc:
+    except SandboxError as exc:
         return PatchResult("", PATCH_EXTRACTION_FAILED, [], f"{type(exc).__name__}: {exc}")
-    reason, tests = check_patch(patch)
+    except EvalError as exc:
+        # The command ran in a live sandbox and failed: the agent's tree or .git did that (a broken
+        # repository, a hung file, a blocked path); the caller grades it 0 unless the sandbox is gone.
+        return PatchResult("", PATCH_UNEXTRACTABLE, [], f"{type(exc).__name__}: {exc}")
+    if patch is None:
+        return PatchResult("", PATCH_TOO_LARGE, [], f"the patch is over the cap of {cap} bytes")
+    reason, tests = check_patch(patch, rules=rules)
     return PatchResult(patch, reason, tests)
 
 
@@ -227,6 +244,7 @@ class EvalResult:
     statuses: dict = field(default_factory=dict)
     exit_code: int | None = None
     log: str = field(default="", repr=False)
+    canaries: list = field(default_factory=list)
 
     @property
     def infra(self) -> bool:
@@ -263,6 +281,7 @@ def evidence_record(res: EvalResult, **labels: Any) -> dict[str, Any]:
         "error": res.error,
         "exit_code": res.exit_code,
         "statuses": dict(sorted(res.statuses.items())),
+        "canaries": list(res.canaries),
         "log": res.log,
     }
 
@@ -338,6 +357,8 @@ def evaluate_patch(
     rules: IntegrityRules = DEFAULT_RULES,
     network: str | None = None,
     trusted_patch: bool = False,
+    canaries: bool = True,
+    rng: Any = None,
 ) -> EvalResult:
     """Apply ``patch`` in a fresh sandbox of ``template``, run the official eval script, grade on the host.
 
@@ -356,6 +377,11 @@ def evaluate_patch(
     + 120 s); past it the result is fresh_eval_timeout. The sandbox is always killed. A row without an
     evaluator command raises EvalError (a caller bug, not a rollout outcome). Infrastructure failures
     come back with ``infra`` True (see the module docstring).
+
+    ``canaries`` (default on): for a pytest-family row the host appends canary tests of its own to a test
+    file the command runs, just before the test output starts (``sweflow.grading.canary``); a canary with
+    the wrong outcome is runner_tampered, and a resolved pytest log without pytest's closing summary is
+    runner_not_finished. ``rng`` draws the canaries (default ``random.SystemRandom``; tests pass a seed).
     """
     step = evaluator_step(metadata)
     workdir = metadata.get("workdir") or "/testbed"
@@ -388,19 +414,40 @@ def evaluate_patch(
         )
         timings["create_s"] = round(time.monotonic() - t0, 3)
         t1 = time.monotonic()
-        failed = _prepare(sb, workdir, base, patch)
+        failed = fresh.prepare(sb, workdir, base, patch)
         if failed is not None:
             timings["setup_s"] = round(time.monotonic() - t1, 3)
             return _result(FAILED_APPLY_PATCH, timings, tail=failed)
         if patch.strip():
             # What the patch really did to the tree, as text, by this sandbox's clean git: binary
             # attributes, diff drivers or odd headers in the agent's diff cannot hide a change here.
-            found = check_patch_integrity(
-                _fresh_diff(sb, workdir, base), metadata=metadata, eval_script=script, rules=rules
+            shown = fresh.applied_diff(sb, workdir, base, rules)
+            found = (
+                [shown]
+                if isinstance(shown, PatchViolation)
+                else check_patch_integrity(shown, metadata=metadata, eval_script=script, rules=rules)
             )
             if found:
                 timings["setup_s"] = round(time.monotonic() - t1, 3)
                 return _refused(found, timings)
+        grader = grader or HostGrader.for_metadata(metadata)
+        start = getattr(getattr(grader, "harness", None), "start_marker", None)
+        end = getattr(getattr(grader, "harness", None), "end_marker", None)
+        pytest_row = canary.is_pytest_parser(grader.parser_for(metadata))
+        planted: list[canary.Canary] = []
+        if canaries and pytest_row:
+            tc = time.monotonic()
+            planted = fresh.draw_canaries(
+                sb,
+                workdir,
+                base,
+                list(metadata.get("PASS_TO_PASS") or []),
+                _test_command(script, start, end),
+                test_patch=canary.test_patch_of(script),
+                rng=rng,
+            )
+            host_script = canary.inject(host_script, planted, start)
+            timings["canary_s"] = round(time.monotonic() - tc, 3)
         sb.write_file(HOST_SCRIPT, host_script)
         timings["setup_s"] = round(time.monotonic() - t1, 3)
         t2 = time.monotonic()
@@ -420,8 +467,6 @@ def evaluate_patch(
                 rc=rc,
                 error="the evaluator passed the fresh-eval deadline",
             )
-        grader = grader or HostGrader.for_metadata(metadata)
-        start = getattr(getattr(grader, "harness", None), "start_marker", None)
         lost = _infra_failure(sb, rc, log_text, start, trusted=trusted_patch)
         if lost is not None:
             reason, why = lost
@@ -431,6 +476,23 @@ def evaluate_patch(
             # The end of the log (the runner's summary, its FAILED lines) is gone: nothing to grade.
             return _result(LOG_TRUNCATED, timings, tail=log_text, log=log_text, rc=rc)
         g = grader.grade(log_text, metadata, rc)
+        statuses = _statuses(grader, log_text, metadata)
+        verdicts = [{**c.to_dict(), "got": statuses.get(c.test_id)} for c in planted]
+        # A canary that is wrong or missing overrides a pass; for an agent's patch a must-fail canary
+        # reported passing overrides any grade, so the tampering is named. A trusted patch's failed run
+        # keeps its own reason: a clone of a flaky test can pass by chance (`assert x != 0` of one that
+        # failed), and the run failed anyway.
+        runner = canary.check_canaries(planted, statuses, rc)
+        named = not trusted_patch and canary.forged_pass(planted, statuses)
+        if runner is not None and not (g.resolved or named):
+            runner = None
+        if runner is None and g.resolved and pytest_row:
+            if canary.summary_expected(_test_command(script, start, end)):
+                runner = canary.runner_finished(driver.test_section(log_text, start, end) or log_text)
+        if runner is not None:
+            g.resolved = False
+            g.failure_reason = runner.split(":", 1)[0]
+            g.failure_detail = runner
         payload = g.to_marker_dict()
         reward = 1.0 if g.resolved else 0.0
         return EvalResult(
@@ -441,9 +503,10 @@ def evaluate_patch(
             _bounded(log_text),
             timings,
             None,
-            statuses=_statuses(grader, log_text, metadata),
+            statuses=canary.without(statuses, planted),
             exit_code=rc,
             log=log_text,
+            canaries=verdicts,
         )
     except Exception as exc:  # noqa: BLE001 - every fault becomes a graded outcome for the dispatcher
         log.warning(
@@ -542,13 +605,7 @@ def _provider_answers(provider: Provider, template: str, network: str | None) ->
                 log.warning("killing control sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
 
 
-def _alive(sb: Sandbox) -> bool:
-    if getattr(sb, "killed", False):
-        return False
-    try:
-        return sb.run("echo sweflow-alive", timeout=60).ok
-    except Exception:  # noqa: BLE001 - any fault means the sandbox is gone
-        return False
+_alive = fresh.alive
 
 
 def _infra_failure(
@@ -578,6 +635,11 @@ def _infra_failure(
     return None
 
 
+def _test_command(script: str, start: str | None, end: str | None) -> str:
+    """The eval script's lines between its start and end markers (the test command)."""
+    return driver.test_section(script, start, end) if start and end else ""
+
+
 def _statuses(grader: HostGrader, log_text: str, metadata: Mapping[str, Any]) -> dict[str, str]:
     """The harness parser's status map of the log (what the grade was computed from); {} if it fails."""
     h = getattr(grader, "harness", None)
@@ -600,44 +662,3 @@ def _statuses(grader: HostGrader, log_text: str, metadata: Mapping[str, Any]) ->
         }
     except Exception:  # noqa: BLE001 - the grade already records a parser failure
         return {}
-
-
-def _fresh_diff(sb: Sandbox, workdir: str, base: str) -> str:
-    """The applied change as a text diff (every file as text, no drivers) from the fresh sandbox."""
-    wd, b = shlex.quote(workdir), shlex.quote(base)
-    r = sb.run(
-        f"cd {wd} && git add -A && git {PINNED_DIFF} --cached --text {b} > {FRESH_DIFF_FILE}",
-        timeout=SETUP_TIMEOUT,
-    )
-    if not r.ok:
-        raise SandboxError(
-            f"diffing the applied patch failed (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}",
-            file=sb.template,
-            row=sb.id,
-        )
-    return _decode(sb.read_file(FRESH_DIFF_FILE))
-
-
-def _prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
-    """Reset the fresh sandbox to the base and apply the patch; the apply error text, or None on success."""
-    wd, b = shlex.quote(workdir), shlex.quote(base)
-    r = sb.run(f"cd {wd} && git reset -q --hard {b} && git clean -fdq", timeout=SETUP_TIMEOUT)
-    if not r.ok:
-        raise SandboxError(
-            f"resetting {workdir} to {base} failed (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}",
-            file=sb.template,
-            row=sb.id,
-        )
-    if not patch.strip():
-        return None
-    sb.write_file(PATCH_FILE, _encode(patch))
-    r = sb.run(f"cd {wd} && git apply --binary --whitespace=nowarn {PATCH_FILE}", timeout=SETUP_TIMEOUT)
-    if r.ok:
-        return None
-    if r.timed_out or r.exit_code < 0 or not _alive(sb):
-        raise SandboxError(
-            f"git apply did not finish (exit {r.exit_code}{', timed out' if r.timed_out else ''})",
-            file=sb.template,
-            row=sb.id,
-        )
-    return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()}"

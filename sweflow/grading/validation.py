@@ -68,6 +68,7 @@ def run_record(kind: str, index: int, res: EvalResult, infra_errors: list | None
         "error": res.error,
         "marker": {k: marker[k] for k in _MARKER_KEYS if k in marker},
         "timings": dict(res.timings),
+        "canaries": len(res.canaries),
         "output_tail": res.output_tail[-1500:] if not res.resolved and res.output_tail else "",
     }
 

@@ -1,8 +1,9 @@
 """Before/after validation: the reference suite run and each candidate's bug run, k times each, graded here.
 
 A run happens in a fresh sandbox of the repository's environment template (the repository at /testbed at the
-reference commit): reset, apply the candidate's diff, then the whole suite `runs` times, each under its own
-`timeout`, with the tree reset and the diff re-applied before every run (files outside /testbed, like /tmp,
+reference commit): reset, apply the candidate's diff (``sweflow.grading.fresh``, the step grading uses too),
+plant the host's canaries, then the whole suite `runs` times, each under its own `timeout`, with the tree
+reset, the diff re-applied and new canaries drawn before every run (files outside /testbed, like /tmp,
 carry over, so a test that depends on an earlier run's leftovers shows up as unstable). The log comes back
 through the provider's pipe and is parsed HERE with the installed harness package's parser; nothing the
 sandbox writes is taken as a verdict.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import shlex
 import tempfile
@@ -27,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import SandboxError, SmithError
+from ..grading import canary, fresh
 from ..harness import driver
 from ..sandbox.base import Provider
 from ..util import retry
@@ -37,7 +40,7 @@ log = logging.getLogger("sweflow.smith.validate")
 
 PASSED = "PASSED"
 ABSENT = "ABSENT"
-BUG_FILE = "/tmp/.sweflow-smith/bug.diff"
+WORKDIR = "/testbed"
 SETUP_TIMEOUT = 300.0
 # Outcomes of one candidate.
 KEPT = "kept"
@@ -46,6 +49,7 @@ NO_P2P = "no_pass_to_pass"
 TIMEOUT = "timeout"
 NO_TESTS = "no_tests_in_log"
 APPLY_FAILED = "apply_failed"
+RUNNER_TAMPERED = "runner_tampered"
 ERROR = "error"
 TAIL_CHARS = 3000
 
@@ -59,6 +63,8 @@ class SuiteRun:
     timed_out: bool
     seconds: float
     tail: str = field(default="", repr=False)
+    runner: str | None = None  # why the host's canaries say the run was tampered with, or None
+    canaries: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,24 +88,6 @@ def suite_command(profile: RepoProfile, timeout: int) -> str:
     return f"{pre}cd /testbed && timeout -s KILL {int(timeout)} bash -c {shlex.quote(profile.test_cmd)}"
 
 
-def _reset(sb, commit: str, patch: str) -> str | None:
-    c = shlex.quote(commit)
-    r = sb.run(f"cd /testbed && git reset -q --hard {c} && git clean -fdq", timeout=SETUP_TIMEOUT)
-    if not r.ok:
-        raise SandboxError(
-            f"resetting /testbed to {commit[:12]} failed (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}",
-            file=sb.template,
-        )
-    if not patch.strip():
-        return None
-    r = sb.run(f"cd /testbed && git apply --binary --whitespace=nowarn {BUG_FILE}", timeout=SETUP_TIMEOUT)
-    if r.ok:
-        return None
-    if r.timed_out or r.exit_code < 0:
-        raise SandboxError("git apply did not finish", file=sb.template)
-    return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()[-500:]}"
-
-
 def run_suite(
     provider: Provider,
     template: str,
@@ -110,13 +98,21 @@ def run_suite(
     patch: str = "",
     runs: int = 2,
     timeout: int | None = None,
+    canary_from: Sequence[str] = (),
+    rng: random.Random | None = None,
 ) -> SuiteResult:
     """Apply `patch` at `commit` in one fresh sandbox and run the suite `runs` times; raises SandboxError
-    when the sandbox fails (an infrastructure fault, for the caller to retry)."""
+    when the sandbox fails (an infrastructure fault, for the caller to retry).
+
+    ``canary_from`` (the reference's stable passing tests; pytest-family parsers only): before each run the
+    host plants must-fail canaries cloned from them (``sweflow.grading.fresh``), drawn anew per run; a run
+    whose canaries are not all reported failing records why in ``SuiteRun.runner`` and the canaries never
+    enter its statuses."""
     if runs < 1:
         raise SmithError("runs must be at least 1", field="validation.runs")
     timeout = int(timeout or profile.timeout_sec)
     cmd = suite_command(profile, timeout)
+    with_canaries = bool(canary_from) and canary.is_pytest_parser(parser)
     out: list[SuiteRun] = []
     sb = provider.create(
         template,
@@ -128,26 +124,38 @@ def run_suite(
             r = sb.run(f"cd /testbed && {' && '.join(profile.install)}", timeout=SETUP_TIMEOUT)
             if not r.ok:
                 raise SandboxError(f"install commands failed (exit {r.exit_code})", file=template)
-        if patch.strip():
-            sb.write_file(BUG_FILE, patch.encode("utf-8"))
         with tempfile.TemporaryDirectory(prefix="sweflow-smith-") as tmp:
             for i in range(runs):
-                failed = _reset(sb, commit, patch)
+                failed = fresh.prepare(sb, WORKDIR, commit, patch)
                 if failed is not None:
-                    return SuiteResult([], failed)
+                    return SuiteResult([], failed[-500:])
+                planted: list[canary.Canary] = []
+                if with_canaries:
+                    # must-fail only, no `!=`: the bug may break (or change) what a clone tests
+                    planted = fresh.draw_canaries(
+                        sb, WORKDIR, commit, canary_from, profile.test_cmd, rng=rng, must_pass=0, negate=False
+                    )
+                    fresh.plant_canaries(sb, WORKDIR, planted)
                 path = os.path.join(tmp, f"run-{i}.log")
                 t0 = time.monotonic()
                 res = sb.run_logged(cmd, path, timeout=timeout + 60)
                 text = open(path, encoding="utf-8", errors="replace").read() if os.path.exists(path) else ""
                 killed = res.timed_out or res.exit_code in (124, 137)
                 statuses = {} if killed else driver.call_parser(parser, text, None)
+                runner = (
+                    None
+                    if killed
+                    else canary.check_canaries(planted, statuses, res.exit_code, absent_with_file=True)
+                )
                 out.append(
                     SuiteRun(
-                        dict(statuses),
+                        canary.without(statuses, planted),
                         res.exit_code,
                         killed,
                         round(time.monotonic() - t0, 3),
-                        text[-TAIL_CHARS:],
+                        canary.scrub_output(text, planted)[-TAIL_CHARS:],
+                        runner=runner,
+                        canaries=len(planted),
                     )
                 )
                 if killed:
@@ -254,15 +262,25 @@ def validate_candidate(
     runs: int = 2,
     attempts: int = 2,
     require_p2p: bool = True,
+    canaries: bool = True,
 ) -> dict[str, Any]:
     """The report of one candidate: status (kept / no_fail_to_pass / no_pass_to_pass / timeout /
-    apply_failed / no_tests_in_log / error), F2P, P2P, flaky tests, per-run exit codes and seconds, the failing output tail."""
+    apply_failed / runner_tampered / no_tests_in_log / error), F2P, P2P, flaky tests, per-run exit codes,
+    seconds and canary counts, the failing output tail. ``canaries``: plant the host's canaries in each bug
+    run (see ``run_suite``)."""
     base = {"instance_id": cand.instance_id, "strategy": cand.strategy, "files": list(cand.files)}
     t0 = time.monotonic()
     try:
         res = retry(
             lambda: run_suite(
-                provider, template, profile, commit, parser=parser, patch=cand.patch, runs=runs
+                provider,
+                template,
+                profile,
+                commit,
+                parser=parser,
+                patch=cand.patch,
+                runs=runs,
+                canary_from=reference["passed"] if canaries else (),
             ),
             attempts=attempts,
             backoff=1.0,
@@ -270,11 +288,24 @@ def validate_candidate(
         )
     except Exception as exc:  # noqa: BLE001 - an infrastructure fault is reported, never a verdict
         return {**base, "status": ERROR, "error": f"{type(exc).__name__}: {exc}"[:500], "seconds": _since(t0)}
-    runs_info = [{"exit_code": r.exit_code, "seconds": r.seconds, "timed_out": r.timed_out} for r in res.runs]
+    runs_info = [
+        {"exit_code": r.exit_code, "seconds": r.seconds, "timed_out": r.timed_out, "canaries": r.canaries}
+        for r in res.runs
+    ]
     if res.apply_error:
         return {**base, "status": APPLY_FAILED, "error": res.apply_error, "seconds": _since(t0)}
     if res.timed_out:
         return {**base, "status": TIMEOUT, "runs": runs_info, "seconds": _since(t0)}
+    tampered = next((r.runner for r in res.runs if r.runner), None)
+    if tampered:
+        # the candidate's code made the host's must-fail canaries pass (or vanish): its statuses say nothing
+        return {
+            **base,
+            "status": RUNNER_TAMPERED,
+            "error": tampered[:500],
+            "runs": runs_info,
+            "seconds": _since(t0),
+        }
     known = set(reference["passed"])
     if any(not known & set(r.statuses) for r in res.runs):
         # none of the reference's tests in a log (pytest aborted at collection, the environment broke):

@@ -84,6 +84,36 @@ def test_bug_that_breaks_tests_is_kept_with_its_f2p_and_p2p(env):
     assert len(rep["PASS_TO_PASS"]) == 52 and not set(rep["PASS_TO_PASS"]) & set(rep["FAIL_TO_PASS"])
     assert [r["exit_code"] for r in rep["runs"]] == [1, 1]
     assert "test_mean" in rep["failing_output"]
+    # the host's canaries ran in every run, and left no trace in what the task keeps
+    assert [r["canaries"] for r in rep["runs"]] == [2, 2]
+    names = {t.split("::")[1] for t in rep["FAIL_TO_PASS"] + rep["PASS_TO_PASS"]}
+    assert names <= {t.split("::")[1] for t in env.reference["passed"]}
+    failed = [ln.split()[1] for ln in rep["failing_output"].splitlines() if ln.startswith("FAILED ")]
+    assert failed and set(failed) <= set(rep["FAIL_TO_PASS"]), rep["failing_output"][-800:]
+
+
+# The candidate's code owns the runner too: it no-ops every test but one it makes fail, so the "bug" is the
+# tampering itself. Only the canaries (must fail, now "passing") tell.
+TAMPER = """
+import pytest as _p
+def _runtest(self):
+    if self.name == "test_mean":
+        raise AssertionError("mean is off")
+_p.Function.runtest = _runtest
+"""
+
+
+def test_a_candidate_that_owns_the_runner_is_runner_tampered(env):
+    init = (env.tree / "calclib/__init__.py").read_text()
+    patch = file_patch("calclib/__init__.py", init, init + TAMPER)
+    cand = make_candidate(
+        "sweflow/calclib", env.commit, "lm_rewrite", patch, ["calclib/__init__.py"], entity="x"
+    )
+    rep = env.validate(cand)
+    assert rep["status"] == "runner_tampered" and "canary" in rep["error"], rep
+    off = validate_candidate(env.provider, env.template, env.profile, env.commit, cand, env.reference,
+                             parser=env.parser, runs=2, canaries=False)  # fmt: skip
+    assert off["status"] == "kept" and off["FAIL_TO_PASS"] == ["tests/test_stats.py::test_mean"], off
 
 
 def test_bug_that_breaks_nothing_is_dropped(env):

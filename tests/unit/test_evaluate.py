@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sweflow.errors import EvalError, SandboxError
@@ -14,6 +16,7 @@ from sweflow.grading.evaluate import (
     extract_patch,
     patch_paths,
 )
+from sweflow.grading.integrity import IntegrityRules
 from sweflow.harness.driver import DEFAULT_REWARD_MARKER
 from sweflow.harness.grader import HOST_SCRIPT
 from sweflow.sample import sample_rows
@@ -29,6 +32,9 @@ TEST_PATCH = (
     "diff --git a/tests/test_ops.py b/tests/test_ops.py\n--- a/tests/test_ops.py\n+++ b/tests/test_ops.py\n"
     "@@ -1 +1 @@\n-assert 0\n+assert 1\n"
 )
+
+
+PATCH_SEEN = "/tmp/.sweflow/patch.diff"  # what the fakes answer for the extracted diff
 
 
 class FakeSandbox:
@@ -55,6 +61,9 @@ class FakeSandbox:
                 if isinstance(a, Exception):
                     raise a
                 return a
+        if "/tmp/.sweflow-extract-" in cmd:  # extraction prints the size of the diff it wrote
+            data = self.files.get(PATCH_SEEN, b"")
+            return CommandResult(0, f"\n{len(data) if isinstance(data, bytes) else 100}\n", "")
         return CommandResult(0, "", "")
 
     def run_logged(self, cmd, log_path, *, timeout, env=None, cwd=None, max_bytes=None):
@@ -70,6 +79,8 @@ class FakeSandbox:
         self.written[path] = data if isinstance(data, bytes) else data.encode()
 
     def read_file(self, path, *, timeout=60):
+        if path.startswith("/tmp/.sweflow-extract-") and path.endswith("/patch.diff"):
+            path = PATCH_SEEN  # the extraction's own folder, named at random
         if path == "/tmp/.sweflow/fresh.diff" and path not in self.files:
             return self.written.get("/tmp/.sweflow/patch.diff", b"")  # the applied tree shows the patch
         data = self.files.get(path)
@@ -77,6 +88,8 @@ class FakeSandbox:
             data = data.pop(0) if len(data) > 1 else data[0]
         if isinstance(data, Exception):
             raise data
+        if data is None and path.startswith("/tmp/.sweflow/ignored-"):
+            return b""  # no untracked files under ignore rules, before or after the apply
         if data is None:
             raise SandboxError("read_file: no such file", file=path)
         return data
@@ -132,7 +145,11 @@ START, END = HARNESS.start_marker, HARNESS.end_marker
 def pytest_log(statuses: dict[str, str], *, extra: str = "") -> str:
     """A log shaped like the official eval script's output under `pytest -rA`."""
     body = "".join(f"{st} {t}\n" for t, st in statuses.items())
-    return f"+ : '{START}'\n+ pytest -rA\n=== short test summary info ===\n{body}{extra}+ : '{END}'\n"
+    counts = ", ".join(
+        f"{n} {st.lower()}" for st in ("FAILED", "PASSED") if (n := list(statuses.values()).count(st))
+    )
+    tail = f"=== {counts} in 0.42s ===\n"
+    return f"+ : '{START}'\n+ pytest -rA\n=== short test summary info ===\n{body}{tail}{extra}+ : '{END}'\n"
 
 
 ALL_PASS = dict.fromkeys(F2P + P2P, "PASSED")
@@ -181,8 +198,14 @@ def test_extract_patch_reads_the_diff_from_a_file_and_runs_git_add_and_binary_di
     got = extract_patch(sb, BASE, workdir="/work dir")
     assert got == PatchResult(big, None, [])
     [cmd] = sb.cmds
-    assert cmd.startswith("mkdir -p /tmp/.sweflow && cd '/work dir' && export GIT_INDEX_FILE=/tmp/.sweflow/")
-    assert " && git add -A && git -c core.quotepath=true -c diff.noprefix=false" in cmd
+    assert re.match(
+        r"mkdir -m 700 (/tmp/\.sweflow-extract-[0-9a-f]{32}) && cd '/work dir' && export GIT_INDEX_FILE=\1/",
+        cmd,
+    )
+    assert (
+        " && git -c core.fsmonitor=false -c core.hooksPath=/dev/null add -A && git -c core.quotepath=true"
+        in cmd
+    )
     assert f"--src-prefix=a/ --dst-prefix=b/ --cached --binary {BASE} >" in cmd and "--no-ext-diff" in cmd
 
 
@@ -198,7 +221,9 @@ def test_extract_patch_flags_empty_and_test_edits():
 def test_extract_patch_retries_transient_provider_errors(monkeypatch):
     monkeypatch.setattr("sweflow.util.time.sleep", lambda s: None)
     sb = FakeSandbox(
-        rules=[("git add -A", [SandboxError("exec create timed out"), CommandResult(0, "", "")])],
+        rules=[
+            ("add -A", [SandboxError("exec create timed out"), CommandResult(0, f"\n{len(SRC_PATCH)}\n", "")])
+        ],
         files={"/tmp/.sweflow/patch.diff": [SandboxError("read hiccup"), SRC_PATCH.encode()]},
     )
     got = extract_patch(sb, BASE, attempts=3)
@@ -207,14 +232,30 @@ def test_extract_patch_retries_transient_provider_errors(monkeypatch):
 
 def test_extract_patch_gives_up_with_a_reason(monkeypatch):
     monkeypatch.setattr("sweflow.util.time.sleep", lambda s: None)
-    sb = FakeSandbox(rules=[("git add -A", SandboxError("sandbox is gone"))])
+    sb = FakeSandbox(rules=[("add -A", SandboxError("sandbox is gone"))])
     got = extract_patch(sb, BASE, attempts=2)
     assert got.failure_reason == "patch_extraction_failed" and "sandbox is gone" in got.error
     assert len(sb.cmds) == 2
-    sb = FakeSandbox(rules=[("git add -A", CommandResult(128, "", "fatal: bad revision"))])
+
+
+def test_git_failing_in_a_live_sandbox_is_the_agents_doing():
+    """A broken .git, a blocked path: not retried, and patch_unextractable (graded 0), not infrastructure."""
+    sb = FakeSandbox(rules=[("add -A", CommandResult(128, "", "fatal: bad revision"))])
     got = extract_patch(sb, BASE, attempts=2)
-    assert got.failure_reason == "patch_extraction_failed" and "bad revision" in got.error
+    assert got.failure_reason == "patch_unextractable" and "bad revision" in got.error
     assert len(sb.cmds) == 1, "a git error is not retried"
+    sb = FakeSandbox(rules=[("add -A", CommandResult(0, "forged output\n", ""))])
+    assert extract_patch(sb, BASE).failure_reason == "patch_unextractable"
+
+
+def test_a_patch_over_the_cap_is_never_read():
+    unread = {PATCH_SEEN: SandboxError("read although over the cap")}
+    sb = FakeSandbox(rules=[("add -A", CommandResult(0, "\n2000001\n", ""))], files=unread)
+    got = extract_patch(sb, BASE)
+    assert (got.patch, got.failure_reason) == ("", "patch_too_large")
+    small = IntegrityRules(max_patch_bytes=10)
+    sb = FakeSandbox(files={PATCH_SEEN: SRC_PATCH.encode()})
+    assert extract_patch(sb, BASE, rules=small).failure_reason == "patch_too_large"
 
 
 def test_non_utf8_patch_bytes_survive_the_round_trip():
@@ -237,7 +278,7 @@ def test_resolved_run_resets_applies_runs_the_official_script_and_grades_on_the_
     assert prov.created[0]["template"] == "tpl-x" and prov.created[0]["env"] == {"A": "1"}
     assert prov.created[0]["metadata"]["instance_id"] == INST["instance_id"]
     assert f"git reset -q --hard {BASE}" in sb.cmds[0] and "git clean -fdq" in sb.cmds[0]
-    assert "git apply --binary" in sb.cmds[1]
+    assert "git ls-files -z --others --ignored" in sb.cmds[1] and "git apply --binary" in sb.cmds[2]
     assert sb.written["/tmp/.sweflow/patch.diff"] == SRC_PATCH.encode()
     script = sb.written[HOST_SCRIPT].decode()
     assert "git apply -v - <<'EOF_" in script, "the official script, test patch included"
@@ -498,6 +539,7 @@ def test_docker_network_reaches_docker_run_and_none_stays_the_default():
     prov = object.__new__(dk.DockerProvider)
     prov.__dict__.update(
         cpu=None, memory_mb=None, pids_limit=None, cap_add=[], start_server=False, internet_network="evalnet",
+        file_size_mb=None, scratch_mb=None, disk_mb=None, _disk_opt_ok=None,
         client=types.SimpleNamespace(images=types.SimpleNamespace(get=lambda t: img), containers=Containers()),
     )  # fmt: skip
     for network, mode in ((None, "none"), ("none", "none"), ("internet", "evalnet")):

@@ -1,0 +1,178 @@
+"""The trusted fresh-sandbox step: what grading (``grading.evaluate``) and SWE-smith's candidate validation
+(``smith.validate``) both do before they run tests on a patch they do not trust.
+
+- ``prepare``: reset the tree to the base commit (``git reset --hard && git clean -fd``), list the untracked
+  files under ignore rules, write the patch and ``git apply --binary`` it; the apply error, or None;
+- ``applied_diff``: what the apply did to the tree, as text, by this sandbox's git with pinned options (no
+  hooks, no drivers, no prefixes the repository's config could change), files the patch hid under ignore
+  rules force-added; a diff over the size cap is never read;
+- ``draw_canaries``: the host's canary tests (``sweflow.grading.canary``) drawn from test files read at the
+  base commit by this sandbox's git (the patch may not touch them), with a test patch applied by the
+  host's git where the run will apply one;
+- ``plant_canaries``: append them to their files now (SWE-smith's runs, which have no eval script to carry
+  them; grading puts them into its host script instead, after the script's own test patch).
+
+Every provider fault raises SandboxError (infrastructure, for the caller to retry or report); nothing here
+reads a verdict from the sandbox.
+"""
+
+from __future__ import annotations
+
+import random
+import shlex
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import SandboxError
+from ..sandbox.base import Sandbox
+from . import canary
+from .integrity import DEFAULT_RULES, IntegrityRules
+from .patch_integrity import PatchViolation, applied_size_violation
+
+SETUP_TIMEOUT = 300.0
+PATCH_FILE = "/tmp/.sweflow/patch.diff"
+FRESH_DIFF_FILE = "/tmp/.sweflow/fresh.diff"
+# The untracked files under ignore rules before the patch is applied: whatever the patch adds beside them
+# is force-added to the re-check (``git add -A`` honours .gitignore, and a patch may bring its own).
+IGNORED_BEFORE_FILE = "/tmp/.sweflow/ignored-before"
+IGNORED_AFTER_FILE = "/tmp/.sweflow/ignored-after"
+IGNORED_LIST = "git ls-files -z --others --ignored --exclude-standard"
+# git diff options no repository config can change: prefixes, external diff drivers, textconv, colour.
+PINNED_DIFF = (
+    "-c core.quotepath=true -c diff.noprefix=false -c diff.mnemonicPrefix=false -c diff.external= "
+    "-c color.diff=false diff --no-ext-diff --no-textconv --no-color --src-prefix=a/ --dst-prefix=b/"
+)
+# git options that keep the repository's config from running its own programs in ``git add``
+UNHOOKED = "-c core.fsmonitor=false -c core.hooksPath=/dev/null"
+
+
+def decode(data: bytes) -> str:
+    # surrogateescape keeps non-UTF-8 bytes of a diff intact through str and back (see encode).
+    return data.decode("utf-8", "surrogateescape")
+
+
+def encode(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def alive(sb: Sandbox) -> bool:
+    """Whether the sandbox still answers a command."""
+    if getattr(sb, "killed", False):
+        return False
+    try:
+        return sb.run("echo sweflow-alive", timeout=60).ok
+    except Exception:  # noqa: BLE001 - any fault means the sandbox is gone
+        return False
+
+
+def _must(sb: Sandbox, cmd: str, what: str) -> str:
+    r = sb.run(cmd, timeout=SETUP_TIMEOUT)
+    if not r.ok:
+        raise SandboxError(
+            f"{what} failed (exit {r.exit_code}): {(r.stderr or r.stdout).strip()[-300:]}",
+            file=sb.template,
+            row=sb.id,
+        )
+    return r.stdout
+
+
+def prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
+    """Reset ``workdir`` to ``base`` and apply ``patch``; the apply error text, or None on success."""
+    wd, b = shlex.quote(workdir), shlex.quote(base)
+    _must(sb, f"cd {wd} && git reset -q --hard {b} && git clean -fdq", f"resetting {workdir} to {base}")
+    if not patch.strip():
+        return None
+    _must(
+        sb,
+        f"mkdir -p /tmp/.sweflow && cd {wd} && {IGNORED_LIST} > {IGNORED_BEFORE_FILE}",
+        "listing ignored files",
+    )
+    sb.write_file(PATCH_FILE, encode(patch))
+    r = sb.run(f"cd {wd} && git apply --binary --whitespace=nowarn {PATCH_FILE}", timeout=SETUP_TIMEOUT)
+    if r.ok:
+        return None
+    if r.timed_out or r.exit_code < 0 or not alive(sb):
+        raise SandboxError(
+            f"git apply did not finish (exit {r.exit_code}{', timed out' if r.timed_out else ''})",
+            file=sb.template,
+            row=sb.id,
+        )
+    return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()}"
+
+
+def applied_diff(
+    sb: Sandbox, workdir: str, base: str, rules: IntegrityRules = DEFAULT_RULES
+) -> str | PatchViolation:
+    """The applied change as a text diff (every file as text, no drivers) from the fresh sandbox.
+
+    Files the patch created under ignore rules (a ``.pyc`` in a gitignored ``__pycache__``, or one the
+    patch's own ``.gitignore`` hides) are force-added, so the re-check sees every file the apply wrote.
+    A diff over ``rules.max_applied_bytes`` is never read: the patch_too_large violation instead.
+    """
+    wd, b = shlex.quote(workdir), shlex.quote(base)
+    _must(sb, f"cd {wd} && {IGNORED_LIST} > {IGNORED_AFTER_FILE}", "listing ignored files")
+    before = set(decode(sb.read_file(IGNORED_BEFORE_FILE)).split("\0"))
+    added = sorted(p for p in set(decode(sb.read_file(IGNORED_AFTER_FILE)).split("\0")) - before if p)
+    force = f"git {UNHOOKED} add -f -- {' '.join(shlex.quote(p) for p in added)} && " if added else ""
+    out = _must(
+        sb,
+        f"cd {wd} && git {UNHOOKED} add -A && {force}git {PINNED_DIFF} --cached --text {b} > {FRESH_DIFF_FILE}"
+        f" && wc -c < {FRESH_DIFF_FILE}",
+        "diffing the applied patch",
+    )
+    size = (out.strip().splitlines() or ["0"])[-1].strip()
+    too_large = applied_size_violation(int(size) if size.isdigit() else 0, rules)
+    if too_large is not None:
+        return too_large
+    data = sb.read_file(FRESH_DIFF_FILE)
+    return applied_size_violation(len(data), rules) or decode(data)
+
+
+def read_at_base(sb: Sandbox, workdir: str, base: str, paths: Sequence[str]) -> dict[str, str | None]:
+    """Each path's text at ``base`` by the sandbox's git (None: absent there or unreadable)."""
+    texts: dict[str, str | None] = {}
+    wd = shlex.quote(workdir)
+    for path in paths:
+        out = f"/tmp/.sweflow/canary-src-{uuid.uuid4().hex}"
+        r = sb.run(
+            f"mkdir -p /tmp/.sweflow && cd {wd} && git show {shlex.quote(base + ':' + path)} > {out}",
+            timeout=SETUP_TIMEOUT,
+        )
+        try:
+            texts[path] = decode(sb.read_file(out)) if r.ok else None
+        except SandboxError:
+            texts[path] = None
+    return texts
+
+
+def draw_canaries(
+    sb: Sandbox,
+    workdir: str,
+    base: str,
+    passing: Sequence[str],
+    test_command: str = "",
+    *,
+    test_patch: str = "",
+    rng: random.Random | None = None,
+    max_files: int = 3,
+    **counts: Any,
+) -> list[canary.Canary]:
+    """Canaries cloned from ``passing`` tests (those known to pass without the patch) of up to ``max_files``
+    test files the command runs, read at the base, ``test_patch`` applied host-side."""
+    files = canary.candidate_files(list(passing), test_command)
+    if not files:
+        return []
+    rng = rng or random.SystemRandom()
+    rng.shuffle(files)
+    texts: Mapping[str, str | None] = {
+        path: canary.apply_to(path, text, test_patch)
+        for path, text in read_at_base(sb, workdir, base, files[:max_files]).items()
+    }
+    return canary.plan_canaries(texts, list(passing), rng, **counts)
+
+
+def plant_canaries(sb: Sandbox, workdir: str, canaries: Sequence[canary.Canary]) -> None:
+    """Append the canaries to their files in the sandbox's tree now."""
+    if canaries:
+        _must(sb, f"cd {shlex.quote(workdir)} && {canary.injection(canaries)}", "planting the canaries")

@@ -1,0 +1,175 @@
+"""Attacks by code that owns the test runner's process (the tests import it), graded in real Docker and
+local sandboxes with canaries on (issue 25): each patch only appends to ``calclib/__init__.py``, which every
+test imports. With the tamper scan off, the host's canaries alone must catch each one (runner_tampered);
+with the default rules any named refusal will do. The gold patch still resolves with canaries planted."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweflow.grading.evaluate import evaluate_patch
+from sweflow.grading.integrity import IntegrityRules
+from sweflow.sample import load_task
+
+try:
+    from tests.integration.conftest_validation import docker_env, local_env
+    from tests.integration.test_attacks_reward import _init_with
+except ModuleNotFoundError:  # pragma: no cover
+    from conftest_validation import docker_env, local_env  # type: ignore[no-redef]
+    from test_attacks_reward import _init_with  # type: ignore[no-redef]
+
+pytestmark = [pytest.mark.integration]
+TASK = "sweflow__calclib-1"
+NO_TAMPER_SCAN = IntegrityRules(tamper_patterns=())
+
+
+@pytest.fixture(scope="module", params=["docker", "local"])
+def env(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp(f"runner-{request.param}")
+    return (docker_env if request.param == "docker" else local_env)(tmp, ids=(TASK,))
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task(TASK)
+
+
+RUNTEST_NOOP = """
+import pytest as _p
+_p.Function.runtest = lambda self: None
+"""
+
+# the same, with no module or attribute name in the text
+RUNTEST_NOOP_OBFUSCATED = """
+_m = __import__("".join(map(chr, (112, 121, 116, 101, 115, 116))))
+setattr(getattr(_m, "Fun" + "ction"), "run" + "test", lambda self: None)
+"""
+
+# list the test ids with a nested collection, print PASSED for each and a matching summary past pytest's
+# capture, exit 0 before any test runs
+COLLECT_PRINT_EXIT = """
+import os as _os, sys as _sys, subprocess as _sp
+if "pytest" in _sys.modules and not _os.environ.get("_CALC_NESTED"):
+    _files = [a for a in _sys.argv[1:] if a.endswith(".py")]
+    _got = _sp.run([_sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *_files],
+                   capture_output=True, text=True, env=dict(_os.environ, _CALC_NESTED="1")).stdout.split()
+    _ids = [i for i in _got if "::" in i]
+    _out = "".join("PASSED %s\\n" % i for i in _ids) + "==== %d passed in 0.21s ====\\n" % len(_ids)
+    for _fd in range(1, 64):
+        try:
+            _os.write(_fd, _out.encode())
+        except OSError:
+            pass
+    _os._exit(0)
+"""
+
+# no-op only the tests the patch guesses are FAIL_TO_PASS: those absent from the committed test file
+NOOP_NEW_TESTS = """
+import os as _os, subprocess as _sp
+import pytest as _p
+_orig, _seen = _p.Function.runtest, {}
+def _is_new(item):
+    path = _os.path.relpath(str(item.path))
+    if path not in _seen:
+        _seen[path] = _sp.run(["git", "show", "HEAD:" + path], capture_output=True, text=True).stdout
+    return ("def %s(" % item.originalname) not in _seen[path]
+def _runtest(self):
+    return None if _is_new(self) else _orig(self)
+_p.Function.runtest = _runtest
+"""
+
+# swallow the failures of tests whose source looks real (calls into the package), leave the rest alone
+SWALLOW_REAL_LOOKING = """
+import inspect as _inspect
+import pytest as _p
+_orig = _p.Function.runtest
+def _runtest(self):
+    try:
+        return _orig(self)
+    except Exception:
+        if "(" in _inspect.getsource(self.obj).split(":", 1)[1]:
+            return None
+        raise
+_p.Function.runtest = _runtest
+"""
+
+ATTACKS = {
+    "runtest_noop": RUNTEST_NOOP,
+    "runtest_noop_obfuscated": RUNTEST_NOOP_OBFUSCATED,
+    "collect_print_exit": COLLECT_PRINT_EXIT,
+    "noop_new_tests": NOOP_NEW_TESTS,
+    "swallow_real_looking": SWALLOW_REAL_LOOKING,
+}
+
+
+def _evaluate(env, inst, patch, **kw):
+    res = evaluate_patch(env.provider, env.templates[TASK], env.meta(inst), patch, sandbox_timeout=300, **kw)
+    assert res.error is None, res.error  # an infrastructure fault is not a verdict about the attack
+    return res
+
+
+def test_gold_resolves_with_canaries_planted(env, task):
+    res = _evaluate(env, task, task["patch"])
+    assert (res.reward, res.failure_reason) == (1.0, None), res.output_tail[-1500:]
+    assert sorted(c["expect"] for c in res.canaries) == ["fail", "fail", "pass"], res.canaries
+    assert all(c["got"] == ("PASSED" if c["expect"] == "pass" else "FAILED") for c in res.canaries)
+    # the canaries are the host's: not in the evidence's status map
+    assert not {f"{c['path']}::{c['name']}" for c in res.canaries} & set(res.statuses)
+    assert set(task["FAIL_TO_PASS"]) <= set(res.statuses)
+
+
+def test_empty_patch_keeps_its_own_reason(env, task):
+    res = _evaluate(env, task, "")
+    assert (res.reward, res.failure_reason) == (0.0, "fail_to_pass_failure"), res.marker
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_runner_attack_is_caught_by_the_canaries(env, task, name):
+    res = _evaluate(env, task, _init_with(env, task, ATTACKS[name]), rules=NO_TAMPER_SCAN)
+    assert (res.reward, res.resolved, res.failure_reason) == (0.0, False, "runner_tampered"), (
+        res.marker,
+        res.canaries,
+        res.output_tail[-1500:],
+    )
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_runner_attack_on_top_of_the_real_fix_is_caught(env, task, name):
+    """With the real fix in place the F2P tests pass honestly; the tampering is still named."""
+    base = task["base_commit"]
+    text = env.read_base(base, "calclib/__init__.py")
+    import textwrap
+
+    text += "\n" + textwrap.dedent(ATTACKS[name])
+    patch = env.make_patch(base, {"calclib/__init__.py": text}, on_top_of=task["patch"])
+    res = _evaluate(env, task, patch, rules=NO_TAMPER_SCAN)
+    assert (res.reward, res.failure_reason) == (0.0, "runner_tampered"), (res.marker, res.canaries)
+
+
+def test_without_canaries_the_noop_patch_would_have_been_paid(env, task):
+    """The hole the canaries close: the same patch, canaries off, resolves (so the tests above can fail)."""
+    res = _evaluate(env, task, _init_with(env, task, RUNTEST_NOOP), rules=NO_TAMPER_SCAN, canaries=False)
+    assert (res.reward, res.failure_reason) == (1.0, None), res.marker
+
+
+def test_files_the_patch_hides_under_ignore_rules_are_re_checked(env, task):
+    """``git add -A`` honours .gitignore: a patch that brings its own ignore rule and a file under it (a .pyc
+    in ``__pycache__`` runs instead of its source) must still show that file to the applied-tree re-check."""
+    from sweflow.grading.fresh import applied_diff, prepare
+
+    base = task["base_commit"]
+    ignore = env.read_base(base, ".gitignore")
+    patch = env.make_patch(base, {".gitignore": ignore + "_hidden/\n"}) + (
+        "diff --git a/calclib/_hidden/conftest.py b/calclib/_hidden/conftest.py\nnew file mode 100644\n"
+        "--- /dev/null\n+++ b/calclib/_hidden/conftest.py\n@@ -0,0 +1 @@\n+import os\n"
+    )
+    sb = env.provider.create(env.templates[TASK], timeout=300)
+    try:
+        assert prepare(sb, "/testbed", base, patch) is None
+        shown = applied_diff(sb, "/testbed", base)
+    finally:
+        sb.kill()
+    assert "+++ b/calclib/_hidden/conftest.py" in shown and "+++ b/.gitignore" in shown, shown
+    from sweflow.grading.patch_integrity import check_patch_integrity
+
+    assert "calclib/_hidden/conftest.py" in {v.path for v in check_patch_integrity(shown)}

@@ -1,0 +1,165 @@
+"""Canary tests (sweflow.grading.canary): planned from the sample's real test files, run by real pytest,
+and the runner-finished check on SWE-smith's own upstream-resolved logs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from swebench.harness.test_spec.test_spec import make_test_spec
+
+from sweflow.grading import canary
+from sweflow.harness import driver
+from sweflow.sample import load_task
+from sweflow.sample.repo import clone_at, materialize_repo
+
+UPSTREAM = Path(__file__).resolve().parents[1] / "fixtures" / "upstream" / "swesmith-cases.json.gz"
+START, END = ">>>>> Start Test Output", ">>>>> End Test Output"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """The sample repository checked out at task 1's base commit, the test patch applied."""
+    task = load_task("sweflow__calclib-1")
+    tmp = tmp_path_factory.mktemp("canary")
+    info = materialize_repo(tmp / "src")
+    dest = clone_at(info.path, tmp / "work", task["base_commit"])
+    subprocess.run(["git", "apply", "-"], cwd=dest, input=task["test_patch"].encode(), check=True)
+    return dest, task
+
+
+def _pytest(repo: Path, *files: str) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", *files],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    return driver.parse_log_pytest_verbose(out) | {
+        ln.split(" ", 2)[1]: ln.split(" ", 1)[0]
+        for ln in out.splitlines()
+        if ln.startswith(("PASSED ", "FAILED ", "ERROR "))
+    }
+
+
+def test_canaries_from_a_real_test_file_fail_and_pass_as_planned(repo):
+    dest, task = repo
+    path = "tests/test_tokenizer.py"
+    text = (dest / path).read_text()
+    got = canary.plan_canaries({path: text}, task["PASS_TO_PASS"], random.Random(7))
+    kinds = sorted(c.expect for c in got)
+    assert kinds == ["fail", "fail", "pass"], got
+    existing = {ln.split("(")[0][4:] for ln in text.splitlines() if ln.startswith("def ")}
+    for c in got:
+        assert c.name.startswith("test_") and c.name not in existing
+        assert c.cloned_from in {t.split("::")[1] for t in task["PASS_TO_PASS"]}
+        # the clone keeps its original's text: one name and (for must-fail) one expression changed
+        original = text[text.index(f"def {c.cloned_from}(") :].split("\n\n\n")[0]
+        differ = [a for a, b in zip(original.splitlines(), c.source.splitlines(), strict=True) if a != b]
+        assert len(differ) == (2 if c.expect == "fail" else 1), (original, c.source)
+    (dest / path).write_text(text + "\n\n" + "\n\n\n".join(c.source for c in got) + "\n")
+    try:
+        statuses = _pytest(dest, path)
+    finally:
+        (dest / path).write_text(text)
+    assert canary.check_canaries(got, statuses, 1) is None, statuses
+    # the real tests' outcomes are unchanged: every PASS_TO_PASS test of the file still passes
+    assert all(statuses[t] == "PASSED" for t in task["PASS_TO_PASS"] if t.startswith(path))
+
+
+def test_names_and_bodies_differ_per_draw(repo):
+    dest, task = repo
+    path = "tests/test_tokenizer.py"
+    text = (dest / path).read_text()
+    draws = {
+        tuple(c.name for c in canary.plan_canaries({path: text}, task["PASS_TO_PASS"])) for _ in range(20)
+    }
+    assert len(draws) >= 10
+
+
+def test_a_forger_is_named_and_a_clean_run_is_not():
+    c = [
+        canary.Canary("t.py", "test_a", "fail", "", "test_x"),
+        canary.Canary("t.py", "test_b", "pass", "", "test_y"),
+    ]
+    assert canary.check_canaries(c, {"t.py::test_a": "FAILED", "t.py::test_b": "PASSED"}, 1) is None
+    assert "test_a (must fail) PASSED" in canary.check_canaries(
+        c, {"t.py::test_a": "PASSED", "t.py::test_b": "PASSED"}, 0
+    )
+    assert "test_b (must pass) absent" in canary.check_canaries(c, {"t.py::test_a": "ERROR"}, 1)
+    assert "exited 0" in canary.check_canaries(c, {"t.py::test_a": "FAILED", "t.py::test_b": "PASSED"}, 0)
+    assert canary.without({"t.py::test_a": "FAILED", "t.py::real": "PASSED"}, c) == {"t.py::real": "PASSED"}
+
+
+def test_files_without_plain_pass_to_pass_tests_carry_none():
+    text = "import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_p(x):\n    assert x == 1\n\n\nclass TestK:\n    def test_m(self):\n        assert 1 == 1\n"
+    assert canary.plan_canaries({"t.py": text}, ["t.py::test_p[1]", "t.py::TestK::test_m"]) == []
+    # a plain test without an `assert a == b` gives no must-fail canary, so none at all
+    assert canary.plan_canaries({"t.py": "def test_q():\n    assert True\n"}, ["t.py::test_q"]) == []
+
+
+def test_the_script_gets_canaries_after_the_test_patch_and_before_the_tests(repo):
+    _, task = repo
+    inst = {
+        **task,
+        "repo": "psf/requests",
+        "version": "2.0",
+        "environment_setup_commit": task["base_commit"],
+        "hints_text": "",
+        "created_at": "",
+    }
+    script = make_test_spec(inst).eval_script
+    assert canary.test_patch_of(script).strip() == task["test_patch"].strip()
+    assert canary.candidate_files(task["PASS_TO_PASS"], driver.test_section(script, START, END)) == [
+        "tests/test_tokenizer.py"
+    ]
+    c = [
+        canary.Canary("tests/test_tokenizer.py", "test_z", "fail", "def test_z():\n    assert 1 == 2\n", "q")
+    ]
+    out = canary.inject(script, c, START).split("\n")
+    at = next(i for i, ln in enumerate(out) if ln.startswith("cat >> tests/test_tokenizer.py <<'EOF_"))
+    assert at < next(i for i, ln in enumerate(out) if START in ln)
+    assert at > max(i for i, ln in enumerate(out) if ln.startswith("EOF_114329324912"))
+
+
+def test_apply_to_reads_the_file_as_the_test_patch_leaves_it(repo):
+    dest, task = repo
+    path = "tests/test_tokenizer.py"
+    base = subprocess.run(
+        ["git", "show", f"{task['base_commit']}:{path}"], cwd=dest, capture_output=True, text=True, check=True
+    ).stdout
+    assert canary.apply_to(path, base, task["test_patch"]) == (dest / path).read_text()
+    assert canary.apply_to("tests/other.py", "x = 1\n", task["test_patch"]) == "x = 1\n"
+
+
+def _upstream_logs():
+    data = json.loads(gzip.decompress(UPSTREAM.read_bytes()))
+    for case in data["cases"]:
+        if case["parser"] != "parse_log_pytest":
+            continue
+        for key in ("log", "bug_log", "reference_log"):
+            if key in case:
+                yield f"{case['id']}:{key}", case[key]
+
+
+@pytest.mark.parametrize("name,log", list(_upstream_logs()), ids=lambda v: v if len(v) < 80 else None)
+def test_every_upstream_pytest_log_counts_as_a_finished_run(name, log):
+    """A safety rule must not reject a real run: SWE-smith's logs (pytest -v, pytest-pretty's summary)."""
+    assert canary.runner_finished(driver.test_section(log, START, END)) is None, name
+
+
+def test_a_run_cut_before_its_summary_or_padded_with_passed_lines_is_not_finished():
+    section = "PASSED a.py::test_x\nFAILED a.py::test_y - boom\n"
+    assert canary.runner_finished(section).startswith("runner_not_finished: no pytest closing summary")
+    finished = section + "==== 1 failed, 1 passed in 0.10s ====\n"
+    assert canary.runner_finished(finished) is None
+    assert canary.runner_finished("1 failed, 1 passed in 0.10s\n" + section) is None  # -q: bare line
+    forged = section + "PASSED a.py::test_z\n==== 1 failed, 1 passed in 0.10s ====\n"
+    assert "says 1 passed, the log has 2 PASSED lines" in canary.runner_finished(forged)
+    assert canary.summary_expected("pytest -rA tests/x.py") and not canary.summary_expected("pytest -qq x")
