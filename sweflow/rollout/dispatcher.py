@@ -49,6 +49,7 @@ from sweflow.sandbox.base import BLACKBOX_PORT, Provider, Sandbox
 
 log = logging.getLogger("sweflow.rollout")
 PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
+PATCH_UNEXTRACTABLE = "patch_unextractable"
 # Steps that use the agent's sandbox: a failure there while the sandbox is gone is "sandbox_died".
 _SANDBOX_STEPS = ("health", "register", "before_agent", "agent", "patch")
 
@@ -323,9 +324,15 @@ class _Rollout:
             agent = self._agent_turn(prompt, turn_timeout)
         with self._timed("patch"):
             patch = self.d.evaluator.extract_patch(self.sb, base_commit)
-        if getattr(patch, "failure_reason", None) == PATCH_EXTRACTION_FAILED:
-            reason = PATCH_EXTRACTION_FAILED if self._sandbox_alive() else SANDBOX_DIED
-            raise Abort(reason, str(getattr(patch, "error", "") or "git diff failed")[:500])
+        failure = getattr(patch, "failure_reason", None)
+        if failure in (PATCH_EXTRACTION_FAILED, PATCH_UNEXTRACTABLE):
+            # The provider failing (extraction_failed) says nothing about the agent: dropped. git failing in
+            # a live sandbox (unextractable) is the agent's doing, since nothing else touches that tree:
+            # graded 0 below, or breaking its own repository would buy a sample out of training.
+            alive = self._sandbox_alive()
+            if not alive or failure == PATCH_EXTRACTION_FAILED:
+                reason = PATCH_EXTRACTION_FAILED if alive else SANDBOX_DIED
+                raise Abort(reason, str(getattr(patch, "error", "") or "git diff failed")[:500])
         self.boxes.kill_all()  # the agent sandbox is done; the evaluation gets a fresh one
         patch_text = getattr(patch, "patch", "") or ""
         patch_info = {

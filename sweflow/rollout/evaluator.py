@@ -37,7 +37,8 @@ class FreshEvaluator:
     def extract_patch(self, sb: Sandbox, base_commit: str) -> Any:
         from sweflow.grading.evaluate import extract_patch
 
-        return extract_patch(sb, base_commit)
+        rules = self.options.get("rules")
+        return extract_patch(sb, base_commit, **({"rules": rules} if rules is not None else {}))
 
     def evaluate_patch(self, provider: Provider, template: str, metadata: dict[str, Any], patch: str) -> Any:
         from sweflow.grading.evaluate import eval_network, evaluate_agent_patch

@@ -144,8 +144,9 @@ class FakeSandbox(SandboxBase):
     def write_file(self, path: str, data, *, timeout: float = 60) -> None:  # pragma: no cover
         raise NotImplementedError
 
-    def read_file(self, path: str, *, timeout: float = 60) -> bytes:  # pragma: no cover
-        raise NotImplementedError
+    def read_file(self, path: str, *, timeout: float = 60) -> bytes:
+        self._check_alive()
+        return Path(path).read_bytes()  # absolute paths are the host's: the fake shares its filesystem
 
     def port_url(self, port: int) -> str:
         self._check_alive()

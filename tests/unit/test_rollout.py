@@ -6,6 +6,7 @@ binary and the evaluator are in-process fakes (see conftest_rollout.py).
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -137,6 +138,42 @@ def test_test_file_edit_zeroes_the_reward_with_the_integrity_reason(env, tok):
     assert result.evaluation["skipped"] is True
     assert len(result.training_samples()) == 1 and result.training_samples()[0]["reward"] == 0.0
     assert_all_killed(provider)
+
+
+class RealExtraction(FakeEvaluator):
+    """The real patch extraction (sweflow.grading.evaluate.extract_patch) in the fake agent sandbox."""
+
+    def extract_patch(self, sb, base_commit):
+        from sweflow.grading.evaluate import extract_patch
+
+        before = set(Path("/tmp").glob(".sweflow-extract-*"))
+        try:
+            return extract_patch(sb, base_commit, workdir=str(sb.workdir), attempts=1)
+        finally:  # the fake sandbox shares the host's /tmp
+            for d in set(Path("/tmp").glob(".sweflow-extract-*")) - before:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("command", ["rm -rf .git", "git config core.bare true", "echo garbage > .git/HEAD"])
+def test_an_agent_that_breaks_its_own_patch_extraction_gets_0_not_an_abort(env, tok, command):
+    """What the agent does to its own repository cannot take its sample out of training."""
+    provider, base = env
+    bash = format_qwen_xml("Bash", {"command": command})
+    result, _, _ = run_one(
+        provider, tok, [FIX, bash, "Done."], training_row(base), evaluator=RealExtraction()
+    )
+    assert (result.status, result.reward, result.failure_reason) == (COMPLETED, 0.0, "patch_unextractable"), (
+        result
+    )
+    assert result.patch["failure_reason"] == "patch_unextractable" and result.evaluation["skipped"] is True
+    assert len(result.training_samples()) == 1 and result.training_samples()[0]["reward"] == 0.0
+    assert_all_killed(provider)
+
+
+def test_real_extraction_of_an_honest_fix(env, tok):
+    provider, base = env
+    result, _, _ = run_one(provider, tok, GOOD, training_row(base), evaluator=RealExtraction())
+    assert (result.status, result.reward) == (COMPLETED, 1.0), result
 
 
 def test_sanitizer_failure_aborts_before_the_agent_runs(env, tok):
