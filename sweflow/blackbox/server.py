@@ -9,7 +9,7 @@ Authentication: every route but GET /health needs `Authorization: Bearer <token>
 (401 without it or with a wrong one, before any routing, so an unauthenticated caller learns nothing).
 The token comes from the constructor, else $SWEFLOW_BLACKBOX_TOKEN (removed from os.environ once read),
 else the file named by $SWEFLOW_BLACKBOX_TOKEN_FILE, else /run/sweflow/blackbox.token; a file is read on
-each request until it holds a token (on E2B it is written after the server started). With no token
+each request until it holds a token (on E2B it is written after the server started), then removed. With no token
 anywhere every route but /health answers 503. Bodies: a bad or oversized Content-Length is refused at
 once (400/413, connection closed); reads time out after `read_timeout` seconds of silence.
 """
@@ -49,9 +49,13 @@ class TokenSource:
         self._token = token or env_token or None
         self._file = token_file or env_file or DEFAULT_TOKEN_FILE
         self._lock = threading.Lock()
+        self.get()  # a file already written is taken (and removed) before anything else can run
 
     def get(self) -> str | None:
-        """The token, or None while none is configured (the file is re-read until it holds one)."""
+        """The token, or None while none is configured (the file is re-read until it holds one).
+
+        A token file is removed once read: the agent, which runs only after the host's first
+        authenticated call, never finds it (nor the token in any process's environment)."""
         if self._token:
             return self._token
         try:
@@ -62,6 +66,10 @@ class TokenSource:
         with self._lock:
             if value and not self._token:
                 self._token = value
+                try:
+                    os.unlink(self._file)
+                except OSError as exc:
+                    log.warning("could not remove the token file %s: %s", self._file, exc)
         return self._token
 
     def check(self, header: str | None) -> None:

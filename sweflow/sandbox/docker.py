@@ -7,7 +7,7 @@ reaches the blackbox server through `blackbox.sock` (a host forwarder on a free 
 `port_url(31000)`), and the sandbox reaches the egress at `egress_url` (an in-container forwarder on
 loopback, piped to `egress.sock`, which a host forwarder connects to the egress host:port); see
 `sweflow.sandbox.egress`. The in-container forwarders run on the template's runtime python. The server
-is started by its own `docker exec` whose environment alone carries the blackbox token.
+is started by its own `docker exec`; the blackbox token reaches it in a file it removes once read.
 
 Commands run as `timeout -k 5 <t> bash -c CMD` through the exec API, and the client also gives up after the
 timeout plus a grace period, so a hung daemon call cannot block a caller. Exit code 124 means timed out;
@@ -49,6 +49,7 @@ GRACE = 15.0
 LABEL = "sweflow.sandbox"
 BG_DIR = "/tmp/.sweflow-bg"
 TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
+TOKEN_FILE_ENV = "SWEFLOW_BLACKBOX_TOKEN_FILE"
 KILLED_EXIT = 137
 # After run_logged's command ended: kill every process but PID 1 (the init) and the ones the sandbox was
 # created with (keep-alive, forwarders; their pids recorded at start), so nothing it left keeps writing.
@@ -97,9 +98,11 @@ def docker_network_mode(network: str | None, internet: str, *, server: bool, egr
 
 
 class DockerProvider:
-    """Options: cpu (cores, default 2), memory_mb (4096), pids_limit (1024), cap_add (capabilities given
-    back after dropping all; default none), start_server, build_cache, client, internet_network (the Docker
-    network of a create(network="internet"), default "bridge"). Containers get network "none" unless a
+    """Options: cpu (cores, default 2), memory_mb (4096), pids_limit (1024), file_size_mb (the largest
+    file, RLIMIT_FSIZE: 2048), disk_mb (the writable layer's size where the storage driver can cap it:
+    8192), cap_add (capabilities given back after dropping all;
+    default none), start_server, build_cache, client, internet_network (the Docker network of a
+    create(network="internet"), default "bridge"). Containers get network "none" unless a
     fresh evaluation asks for internet; the host reaches the server through port_url, the sandbox the
     proxy through egress."""
 
@@ -116,11 +119,15 @@ class DockerProvider:
         build_cache: bool = True,
         client: Any = None,
         internet_network: str = "bridge",
+        file_size_mb: int | None = 2048,
+        disk_mb: int | None = 8192,
     ) -> None:
         import docker
 
         self.internet_network = internet_network
         self.cpu, self.memory_mb, self.pids_limit = cpu, memory_mb, pids_limit
+        self.file_size_mb, self.disk_mb = file_size_mb, disk_mb
+        self._disk_opt_ok: bool | None = None  # whether the storage driver takes a size (learnt once)
         self.cap_add = [str(c).upper() for c in cap_add]
         self.start_server = start_server
         self.build_cache = build_cache
@@ -237,6 +244,42 @@ class DockerProvider:
             raise
 
     # ---- sandboxes -------------------------------------------------------------------------------
+    def _disk_limits(self) -> dict[str, Any]:
+        """The file-size rlimit (no file above file_size_mb) and no core files. (No tmpfs: the archive API
+        that write_file and read_file use does not see into one.)"""
+        import docker
+
+        kw: dict[str, Any] = {}
+        ulimits = [docker.types.Ulimit(name="core", soft=0, hard=0)]
+        if self.file_size_mb:
+            size = int(self.file_size_mb) * 1024 * 1024
+            ulimits.append(docker.types.Ulimit(name="fsize", soft=size, hard=size))
+        kw["ulimits"] = ulimits
+        return kw
+
+    def _run_with_disk_cap(self, run: Any) -> Any:
+        """``run`` with the writable layer capped at disk_mb where the storage driver can (learnt on the
+        first create); elsewhere without, and a one-line warning."""
+        import docker
+
+        if not self.disk_mb or self._disk_opt_ok is False:
+            return run()
+        try:
+            container = run(storage_opt={"size": f"{int(self.disk_mb)}M"})
+        except docker.errors.APIError as exc:
+            if not _disk_cap_refused(exc):
+                raise
+            self._disk_opt_ok = False
+            log.warning(
+                "docker: the storage driver takes no size (%s); the writable layer of a sandbox is not "
+                "capped (each file is, at %s MB)",
+                str(exc).strip()[:200],
+                self.file_size_mb,
+            )
+            return run()
+        self._disk_opt_ok = True
+        return container
+
     def create(
         self,
         template: str,
@@ -286,15 +329,17 @@ class DockerProvider:
                 kw["pids_limit"] = self.pids_limit
             if self.cap_add:
                 kw["cap_add"] = list(self.cap_add)
-            container = _call(
-                lambda: self.client.containers.run(
+            kw.update(self._disk_limits())
+
+            def run(**extra: Any) -> Any:
+                return self.client.containers.run(
                     image=template, command=["/bin/bash", "-c", keep], detach=True, network_mode=network_mode,
                     environment=dict(env or {}), labels=labels, auto_remove=False, init=True,
                     working_dir="/testbed", cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                    volumes={str(folder): {"bind": SOCKET_DIR, "mode": "rw"}}, **kw,
-                ),
-                120, "container start", template,
-            )  # fmt: skip
+                    volumes={str(folder): {"bind": SOCKET_DIR, "mode": "rw"}}, **kw, **extra,
+                )  # fmt: skip
+
+            container = _call(lambda: self._run_with_disk_cap(run), 120, "container start", template)
         except BaseException:
             if routes is not None:
                 routes.close()
@@ -310,14 +355,25 @@ class DockerProvider:
                 routes.lock(65534)
             sb._record_base_pids()
             if server:
+                # The token goes in a file the server removes once read, not in the environment: the
+                # exec's wrapper (setsid -w) keeps its environment readable in /proc for the container's root.
+                token_file = f"/run/sweflow-token-{secrets.token_hex(8)}"
+                sb.write_file(token_file, sb.blackbox_token)
                 sb.server = sb.start(
                     f"exec /bin/bash -c {shlex.quote(server)} >/tmp/sweflow-server.log 2>&1",
-                    env={TOKEN_ENV: sb.blackbox_token},
+                    env={TOKEN_FILE_ENV: token_file},
                 )
         except BaseException:
             sb.kill()
             raise
         return sb
+
+
+def _disk_cap_refused(exc: Exception) -> bool:
+    """Whether the daemon refused ``storage_opt size`` (a storage driver or backing filesystem without
+    quotas: overlay2 needs xfs with pquota)."""
+    text = str(exc).lower()
+    return "storage-opt" in text or "storage opt" in text or "quota" in text
 
 
 class _DockerBackground:

@@ -175,6 +175,10 @@ def _reap_local_sandbox(entry: dict[str, Any]) -> str:
     if folder.name != entry["id"]:
         raise ValueError(f"refusing to remove {folder}: it is not sandbox {entry['id']}")
     killed = _kill_processes(str(folder))
+    from .limits import Limits
+
+    # what its limits left: the scratch tmpfs mounts first (else rmtree stops at them), then its cgroups
+    Limits.release(entry["id"], mounts=[folder / "tmp", folder / "home"])
     shutil.rmtree(folder, ignore_errors=True)
     if folder.exists():
         raise OSError(f"cannot remove {folder}")

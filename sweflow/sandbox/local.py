@@ -54,6 +54,7 @@ from . import ledger
 from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .images import CONDA_ACTIVATE, CONDA_BIN
+from .limits import Limits, LimitSpec
 from .logged import LogSink
 from .spec import CLAUDE_PATH, RUNTIME_DIR, TemplateSpec
 
@@ -149,7 +150,8 @@ def _chown_tree(path: Path, uid: int) -> None:
 
 class LocalProvider:
     """Provider over prepared workspaces; options: templates_root, start_server, testbed_requirements,
-    sandbox_uid (the unprivileged uid and gid every sandbox runs as)."""
+    sandbox_uid (the unprivileged uid and gid every sandbox runs as), limits (``LimitSpec``: processes,
+    memory, file size and scratch disk of each sandbox, see ``sweflow.sandbox.limits``)."""
 
     name = "local"
 
@@ -160,6 +162,7 @@ class LocalProvider:
         start_server: bool = True,
         testbed_requirements: tuple[str, ...] = ("pytest",),
         sandbox_uid: int = SANDBOX_UID,
+        limits: LimitSpec | None = None,
     ) -> None:
         # absolute: bwrap gets bind sources from here, and every folder above must be searchable
         self.root = (Path(templates_root) if templates_root else default_root()).absolute()
@@ -168,6 +171,7 @@ class LocalProvider:
         if int(sandbox_uid) == 0:
             raise SandboxError("sandbox_uid must not be 0", field="sandbox_uid", hint="e.g. 65534")
         self.uid = int(sandbox_uid)
+        self.limits = limits or LimitSpec()
 
     def _prepare_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -415,10 +419,14 @@ class LocalSandbox(SandboxBase):
         self.dir.mkdir(mode=0o711)
         self._timer = threading.Timer(timeout, self.kill)
         self._timer.daemon = True
+        self.limits: Limits | None = None
         try:
+            self.limits = Limits(sid, provider.limits)
             for sub in ("tmp", "home", "run"):
                 (self.dir / sub).mkdir(mode=0o700)
                 os.chown(self.dir / sub, self.uid, self.uid)
+                if sub != "run":
+                    self.limits.mount_scratch(self.dir / sub, self.uid)
             (self.dir / "bg").mkdir(mode=0o700)  # host-only: never bound into the sandbox
             res = run_cmd(
                 ["cp", "-a", str(provider.template_dir(template) / "testbed"), str(self.dir / "testbed")],
@@ -480,11 +488,11 @@ class LocalSandbox(SandboxBase):
         self, cmd: list[str], env: dict[str, str] | None, cwd: str | None, *, extra: list[str] = ()
     ) -> list[str]:
         join = self._netns is not None
-        prefix: list[str] = []
+        prefix: list[str] = self.limits.prefix() if self.limits is not None else []
         if join:
             # as root: enter the holder's network namespace, close its fd, then drop privileges.
             fd = self._netns
-            prefix = [
+            prefix += [
                 "nsenter",
                 f"--net=/proc/self/fd/{fd}",
                 "--",
@@ -644,6 +652,8 @@ class LocalSandbox(SandboxBase):
             with contextlib.suppress(OSError):
                 os.close(self._netns)
             self._netns = None
+        if self.limits is not None:
+            self.limits.close()  # scratch unmounted before the folder goes
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

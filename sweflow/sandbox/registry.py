@@ -45,9 +45,17 @@ def provider_from_config(
     cfg = dict(cfg or {})
     server = {} if purpose == "run" else {"start_server": False}
     if name == "local":
-        provider = get_provider(
-            "local", templates_root=(cfg.get("local") or {}).get("templates_root"), **server
+        from .limits import LimitSpec
+
+        loc = cfg.get("local") or {}
+        spec = LimitSpec()
+        limits = LimitSpec(
+            pids=int(loc.get("pids_limit", spec.pids)),
+            memory_mb=int(loc.get("mem_mb", spec.memory_mb)),
+            file_size_mb=int(loc.get("file_size_mb", spec.file_size_mb)),
+            scratch_mb=int(loc.get("scratch_mb", spec.scratch_mb)),
         )
+        provider = get_provider("local", templates_root=loc.get("templates_root"), limits=limits, **server)
     elif name == "docker":
         d = cfg.get("docker") or {}
         provider = get_provider(
@@ -55,6 +63,8 @@ def provider_from_config(
             cpu=d.get("cpus", 2),
             memory_mb=d.get("mem_mb", 4096),
             pids_limit=d.get("pids_limit", 1024),
+            file_size_mb=d.get("file_size_mb", 2048),
+            disk_mb=d.get("disk_mb", 8192),
             **server,
         )
     else:

@@ -152,6 +152,28 @@ def test_resource_limits_are_applied_and_enforced(env):
         assert sb.run("echo alive", timeout=10).stdout == "alive\n"
 
 
+def test_file_size_and_disk_limits(env):
+    """A 4 MB patch that expands to 512 MiB, or a sandbox filling the host's disk: every file is capped,
+    and the writable layer is where the storage driver can (else the provider says so once)."""
+    from sweflow.sandbox.docker import DockerProvider
+
+    p = DockerProvider(memory_mb=512, file_size_mb=16, disk_mb=64, start_server=False)
+    with p.create(env["task_image"], timeout=120) as sb:
+        hc = env["client"].containers.get(sb.container.id).attrs["HostConfig"]
+        assert {u["Name"]: u["Hard"] for u in hc["Ulimits"]} == {"core": 0, "fsize": 16 * 2**20}
+        assert (hc.get("StorageOpt") or {}).get("size") == ("64M" if p._disk_opt_ok else None)
+        r = sb.run(
+            "head -c 20M /dev/zero > /testbed/big.bin; echo rc=$?; stat -c %s /testbed/big.bin", timeout=60
+        )
+        assert "rc=0" not in r.stdout and r.stdout.split()[-1] == str(16 * 2**20), r
+        if p._disk_opt_ok:  # many files under the per-file cap still stop at the layer's size
+            r = sb.run(
+                "for i in 1 2 3 4 5; do head -c 15M /dev/zero > /testbed/f$i || echo full; done", timeout=60
+            )
+            assert "full" in r.stdout + r.stderr, r
+        assert sb.run("echo alive", timeout=10).stdout == "alive\n"
+
+
 def test_smoke_reaches_the_server_from_the_host(env):
     result = smoke(env["host"], env["template"])
     assert result["ok"] and result["host_reachable"] and result["template"] == env["template"]
@@ -168,6 +190,42 @@ def test_containers_are_locked_down(env):
         env_list = env["client"].containers.get(sb.container.id).attrs["Config"]["Env"]
         assert not any(e.startswith("SWEFLOW_BLACKBOX_TOKEN") for e in env_list)
         assert "SWEFLOW_BLACKBOX_TOKEN" not in sb.run("env", timeout=10).stdout
+
+
+def test_the_blackbox_token_is_nowhere_the_sandbox_can_read(env):
+    """Not in any process's /proc environ or command line (the exec wrapper's included), nor in a file."""
+    with env["host"].create(env["template"], timeout=120) as sb:
+        url = sb.port_url(BLACKBOX_PORT)
+        deadline = time.monotonic() + 30
+        while True:  # the server answers with the token it took from its file
+            try:
+                req = urllib.request.Request(
+                    url + "/v1/status", headers={"Authorization": f"Bearer {sb.blackbox_token}"}
+                )
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    assert "version" in json.loads(resp.read())
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.3)
+        token = sb.blackbox_token
+        half = len(token) // 2  # the search's own command line holds the token in two halves only
+        scan = (
+            f"import glob, os\nt = {token[:half]!r} + {token[half:]!r}\nhits = []\n"
+            "for f in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
+            "    try:\n        data = open(f, 'rb').read()\n    except OSError:\n        continue\n"
+            "    if t.encode() in data:\n        hits.append(f)\n"
+            "for top in ('/run', '/tmp', '/root', '/etc'):\n"
+            "    for d, _, names in os.walk(top):\n        for n in names:\n"
+            "            try:\n                if t.encode() in open(os.path.join(d, n), 'rb').read():\n"
+            "                    hits.append(os.path.join(d, n))\n"
+            "            except OSError:\n                pass\n"
+            "print(len(hits), *hits)\n"
+        )
+        sb.write_file("/opt/scan.py", scan)
+        r = sb.run("python3 /opt/scan.py", timeout=60)
+        assert r.stdout.split()[:1] == ["0"], r
+        assert sb.run("ls /run | grep -c sweflow-token", timeout=60).stdout.strip() == "0"
 
 
 def test_each_sandbox_gets_its_own_host_route(env):

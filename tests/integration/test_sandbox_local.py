@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import shlex
 import shutil
 import time
 import urllib.request
@@ -222,3 +223,60 @@ def test_run_logged_is_the_trusted_channel(local, tmp_path):
         r = sb.run_logged("echo start; sleep 60", str(tmp_path / "slow.log"), timeout=1.5)
         assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 10
         assert (tmp_path / "slow.log").read_text() == "start\n"
+
+
+FORK_STORM = """
+import os, signal, time
+kids = []
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(len(kids))
+"""
+
+
+def test_limits_cap_processes_memory_file_size_and_scratch_disk(local):
+    """The review's findings: 1,500 processes, 3 GiB of memory and 2 GiB of host disk from one sandbox."""
+    from sweflow.sandbox.limits import LimitSpec
+
+    base, template, _ = local
+    provider = LocalProvider(
+        base.root, limits=LimitSpec(pids=64, memory_mb=256, file_size_mb=16, scratch_mb=24)
+    )
+    sb = provider.create(template, timeout=300)
+    try:
+        r = sb.run("ulimit -u; ulimit -f; ulimit -c; df -m /tmp /root | tail -2", timeout=30)
+        lines = r.stdout.split("\n")
+        assert lines[1:3] == [str(16 * 1024), "0"], r  # bash's ulimit -f counts 1024-byte blocks
+        assert sb.limits.pids_capped or lines[0] == "64", r
+        if sb.limits.mounts:
+            assert all(ln.split()[1] == "24" for ln in lines[3:5]), r.stdout
+        # processes: a fork storm stops at the cap, the sandbox stays usable
+        r = sb.run(f"python3 -c {shlex.quote(FORK_STORM)}", timeout=60)
+        assert 0 < int(r.stdout.split()[-1]) < 64, r
+        r = sb.run("echo still here", timeout=60)
+        assert r.stdout.strip() == "still here", r
+        # one file over the size cap
+        r = sb.run(
+            "head -c 20M /dev/zero > /testbed/big.bin; echo rc=$?; stat -c %s /testbed/big.bin", timeout=60
+        )
+        assert "rc=0" not in r.stdout and r.stdout.split()[-1] == str(16 * 1024 * 1024), r
+        if sb.limits.mounts:  # scratch: many files under the per-file cap still stop at the tmpfs size
+            r = sb.run("for i in 1 2 3; do head -c 10M /dev/zero > /tmp/f$i || echo full; done", timeout=60)
+            assert "full" in r.stdout + r.stderr, r
+        if sb.limits.memory_capped:  # memory: the allocating process is killed, not the host
+            r = sb.run("python3 -c 'b = bytearray(600 * 1024 * 1024); print(len(b))'", timeout=120)
+            assert r.exit_code != 0 and "629145600" not in r.stdout, r
+        cgroups, mounts = list(sb.limits.cgroups), list(sb.limits.mounts)
+    finally:
+        sb.kill()
+    assert not any(d.exists() for d in cgroups) and not any(m.is_mount() for m in mounts)
