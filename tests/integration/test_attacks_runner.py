@@ -173,3 +173,13 @@ def test_files_the_patch_hides_under_ignore_rules_are_re_checked(env, task):
     from sweflow.grading.patch_integrity import check_patch_integrity
 
     assert "calclib/_hidden/conftest.py" in {v.path for v in check_patch_integrity(shown)}
+
+
+@pytest.mark.parametrize("name", ["runtest_noop", "collect_print_exit"])
+def test_validate_tasks_refuses_a_gold_patch_that_owns_the_runner(env, task, name):
+    """A dataset row whose "gold" patch only forges the run was `valid` before the canaries."""
+    from sweflow.grading.validation import validate_task
+
+    rec = validate_task(env.provider, env.meta(task), _init_with(env, task, ATTACKS[name]), repeats=1)
+    assert rec["verdict"] == "gold_fails", rec
+    assert any(tag in (rec["reason"] or "") for tag in ("runner_tampered", "suspicious_test_tampering")), rec

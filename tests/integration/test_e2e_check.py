@@ -167,3 +167,73 @@ def test_e2e_both_policies_with_the_local_provider(task, tokenizer, tmp_path):
     assert all(v == "PASSED" for k, v in gold["statuses"].items() if k in task["inst"]["FAIL_TO_PASS"])
     # the test-editing patch is refused before any sandbox: no log, reason kept
     assert tamper["policy"] == "test_edit" and not tamper["resolved"] and tamper["log"] == ""
+
+
+# The runner attacks of issue 25 played by a scripted policy through the whole rollout path (Claude Code,
+# the proxy, the dispatcher, the agent patch's fresh evaluation): each appends to calclib/__init__.py, which
+# every test imports; no name the tamper scan knows appears in the text.
+RUNNER_ATTACKS = {
+    "runtest_noop_obfuscated": (
+        '_m = __import__("".join(map(chr, (112, 121, 116, 101, 115, 116))))\n'
+        'setattr(getattr(_m, "Fun" + "ction"), "run" + "test", lambda self: None)\n'
+    ),
+    "collect_print_exit": (
+        "import os as _o, sys as _s, subprocess as _sp\n"
+        'if "py" + "test" in _s.modules and not _o.environ.get("_N"):\n'
+        '    _f = [a for a in _s.argv[1:] if a.endswith(".py")]\n'
+        '    _g = _sp.run([_s.executable, "-m", "py" + "test", "--collect-only", "-q", *_f],\n'
+        '                 capture_output=True, text=True, env=dict(_o.environ, _N="1")).stdout.split()\n'
+        '    _i = [x for x in _g if "::" in x]\n'
+        '    print("".join("PASSED %s\\n" % x for x in _i) + "==== %d passed in 0.2s ====" % len(_i), flush=True)\n'
+        "    getattr(_o, '_' + 'exit')(0)\n"
+    ),
+}
+
+
+EXPECTED_RUNNER_REFUSAL = {
+    "runtest_noop_obfuscated": "suspicious_test_tampering",
+    "collect_print_exit": "no_tests_parsed",
+}
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+@pytest.mark.parametrize("attack", sorted(RUNNER_ATTACKS))
+def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, tmp_path, attack):
+    """Both reach the fresh evaluation through Claude Code's own edits and come back 0 with a named reason.
+    (The canaries' side of the same attacks, with the tamper scan off, is test_attacks_runner.py.)"""
+    if CLAUDE is None:
+        pytest.skip("Claude Code CLI not found")
+    from sweflow.proxy import format_qwen_xml
+    from sweflow.rollout.e2e import ScriptedPolicy, run_policy
+    from sweflow.rollout.types import RolloutConfig
+    from sweflow.sandbox.build import build_and_record
+    from sweflow.sandbox.local import LocalProvider
+    from sweflow.sandbox.spec import TemplateSpec
+    from sweflow.smith.gitrepo import run_git
+
+    image = f"sweflow-sample/{INSTANCE}:latest"
+    provider = LocalProvider(tmp_path / "templates")
+    spec = TemplateSpec(image=image, claude_binary=task["paths"]["claude"])
+    rec = build_and_record(
+        provider, image, tmp_path / "record.json", spec=spec, attempts=1,
+        repo=task["repo"].path, commit=task["inst"]["base_commit"],
+    )  # fmt: skip
+    assert rec["ok"], rec
+    row = training_row(task, rec["template"], "local")
+    init = run_git(task["repo"].path, "show", f"{task['inst']['base_commit']}:calclib/__init__.py").stdout
+    last = [ln for ln in init.splitlines() if ln.startswith("__version__")][0]
+    path = "/testbed/calclib/__init__.py"
+    turns = [
+        "Reading the package.\n" + format_qwen_xml("Read", {"file_path": path}),
+        format_qwen_xml("Edit", {"file_path": path, "old_string": last, "new_string": last + "\n" + RUNNER_ATTACKS[attack]}),
+        "Done.",
+    ]  # fmt: skip
+    policy = ScriptedPolicy(attack, turns, tokenizer)
+    rep = run_policy(row, policy, provider=provider, tokenizer=tokenizer,
+                     config=RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{attack}."))  # fmt: skip
+    assert rep["patch"]["files"] == ["calclib/__init__.py"], rep
+    # refused with a named reason: the canaries (runner_tampered), the tamper scan, or the host grade
+    # (the printed lines went to pytest's capture, and the exit left no test in the log)
+    assert (rep["status"], rep["reward"]) == ("completed", 0.0), rep
+    assert rep["failure_reason"] == EXPECTED_RUNNER_REFUSAL[attack], rep
+    assert rep["token_checks"]["outputs_match"], rep["token_checks"]
