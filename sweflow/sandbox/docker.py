@@ -48,6 +48,7 @@ T = TypeVar("T")
 GRACE = 15.0
 LABEL = "sweflow.sandbox"
 BG_DIR = "/tmp/.sweflow-bg"
+DISK_POLL_S = 5.0  # how often a sandbox's writable layer is measured where the driver cannot cap it
 TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
 TOKEN_FILE_ENV = "SWEFLOW_BLACKBOX_TOKEN_FILE"
 KILLED_EXIT = 137
@@ -271,9 +272,11 @@ class DockerProvider:
                 raise
             self._disk_opt_ok = False
             log.warning(
-                "docker: the storage driver takes no size (%s); the writable layer of a sandbox is not "
-                "capped (each file is, at %s MB)",
+                "docker: the storage driver takes no size (%s); each sandbox's writable layer is measured "
+                "every %.0f s instead, and the sandbox killed past %s MB (each file is capped at %s MB)",
                 str(exc).strip()[:200],
+                DISK_POLL_S,
+                self.disk_mb,
                 self.file_size_mb,
             )
             return run()
@@ -428,6 +431,33 @@ class DockerSandbox(SandboxBase):
         self._timer = threading.Timer(timeout, self.kill)
         self._timer.daemon = True
         self._timer.start()
+        self.disk_exceeded = False
+        self._watch_stop = threading.Event()
+        if provider.disk_mb and provider._disk_opt_ok is False:
+            # the storage driver cannot cap the writable layer: measure it and kill the sandbox past the cap
+            threading.Thread(target=self._watch_disk, name=f"disk-{self.id}", daemon=True).start()
+
+    def _watch_disk(self) -> None:
+        cap = int(self.provider.disk_mb) * 1024 * 1024
+        while not self._watch_stop.wait(DISK_POLL_S):
+            try:
+                [info] = self.provider.client.api.containers(
+                    all=True, size=True, filters={"id": self.container.id}
+                )
+                used = int(info.get("SizeRw") or 0)
+            except Exception:  # noqa: BLE001 - a container we cannot inspect is gone or going
+                return
+            if used > cap:
+                self.disk_exceeded = True
+                log.warning(
+                    "sandbox %s wrote %d MB, over its disk cap of %s MB: killed",
+                    self.id,
+                    used // 2**20,
+                    self.provider.disk_mb,
+                )
+                with contextlib.suppress(Exception):
+                    self.kill()
+                return
 
     @property
     def blackbox_port(self) -> int | None:
@@ -606,6 +636,7 @@ class DockerSandbox(SandboxBase):
 
     def _kill(self) -> None:
         self._timer.cancel()
+        self._watch_stop.set()
         try:
             _call(lambda: self.container.remove(force=True), 60, "container remove", self.template, self.id)
         except SandboxError as exc:
