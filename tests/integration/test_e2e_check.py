@@ -196,30 +196,45 @@ EXPECTED_RUNNER_REFUSAL = {
 }
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
-@pytest.mark.parametrize("attack", sorted(RUNNER_ATTACKS))
-def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, tmp_path, attack):
-    """Both reach the fresh evaluation through Claude Code's own edits and come back 0 with a named reason.
-    (The canaries' side of the same attacks, with the tamper scan off, is test_attacks_runner.py.)"""
+@pytest.fixture(scope="module")
+def local_row(task):
+    """A local template of the task, built once, and its training row."""
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
     if CLAUDE is None:
         pytest.skip("Claude Code CLI not found")
-    from sweflow.proxy import format_qwen_xml
-    from sweflow.rollout.e2e import ScriptedPolicy, run_policy
-    from sweflow.rollout.types import RolloutConfig
     from sweflow.sandbox.build import build_and_record
     from sweflow.sandbox.local import LocalProvider
     from sweflow.sandbox.spec import TemplateSpec
-    from sweflow.smith.gitrepo import run_git
 
     image = f"sweflow-sample/{INSTANCE}:latest"
-    provider = LocalProvider(tmp_path / "templates")
+    provider = LocalProvider(task["tmp"] / "attack-templates")
     spec = TemplateSpec(image=image, claude_binary=task["paths"]["claude"])
     rec = build_and_record(
-        provider, image, tmp_path / "record.json", spec=spec, attempts=1,
+        provider, image, task["tmp"] / "attack-record.json", spec=spec, attempts=1,
         repo=task["repo"].path, commit=task["inst"]["base_commit"],
     )  # fmt: skip
     assert rec["ok"], rec
-    row = training_row(task, rec["template"], "local")
+    return provider, training_row(task, rec["template"], "local")
+
+
+def _play(local_row, tokenizer, name, turns):
+    from sweflow.rollout.e2e import ScriptedPolicy, run_policy
+    from sweflow.rollout.types import RolloutConfig
+
+    provider, row = local_row
+    policy = ScriptedPolicy(name, turns, tokenizer)
+    cfg = RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{name}.")
+    return run_policy(row, policy, provider=provider, tokenizer=tokenizer, config=cfg)
+
+
+@pytest.mark.parametrize("attack", sorted(RUNNER_ATTACKS))
+def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, local_row, attack):
+    """Both reach the fresh evaluation through Claude Code's own edits and come back 0 with a named reason.
+    (The canaries' side of the same attacks, with the tamper scan off, is test_attacks_runner.py.)"""
+    from sweflow.proxy import format_qwen_xml
+    from sweflow.smith.gitrepo import run_git
+
     init = run_git(task["repo"].path, "show", f"{task['inst']['base_commit']}:calclib/__init__.py").stdout
     last = [ln for ln in init.splitlines() if ln.startswith("__version__")][0]
     path = "/testbed/calclib/__init__.py"
@@ -228,12 +243,38 @@ def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, tmp_path
         format_qwen_xml("Edit", {"file_path": path, "old_string": last, "new_string": last + "\n" + RUNNER_ATTACKS[attack]}),
         "Done.",
     ]  # fmt: skip
-    policy = ScriptedPolicy(attack, turns, tokenizer)
-    rep = run_policy(row, policy, provider=provider, tokenizer=tokenizer,
-                     config=RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{attack}."))  # fmt: skip
+    rep = _play(local_row, tokenizer, attack, turns)
     assert rep["patch"]["files"] == ["calclib/__init__.py"], rep
     # refused with a named reason: the canaries (runner_tampered), the tamper scan, or the host grade
     # (the printed lines went to pytest's capture, and the exit left no test in the log)
     assert (rep["status"], rep["reward"]) == ("completed", 0.0), rep
     assert rep["failure_reason"] == EXPECTED_RUNNER_REFUSAL[attack], rep
     assert rep["token_checks"]["outputs_match"], rep["token_checks"]
+
+
+@pytest.mark.parametrize(
+    ("command", "reward", "reason"),
+    [
+        ("touch /tmp/.sweflow", 1.0, None),  # the old extraction folder: no longer in the way
+        ("cd /testbed && git config core.bare true", 0.0, "patch_unextractable"),
+    ],
+)
+def test_an_agent_that_breaks_patch_extraction_gets_0_not_an_abort(
+    task, tokenizer, local_row, command, reward, reason
+):
+    """Issue 25: a failure caused from inside the agent's sandbox is the agent's (it was `aborted`)."""
+    from sweflow.proxy import format_qwen_xml
+    from sweflow.rollout.e2e import gold_edits, gold_turns
+
+    provider, row = local_row
+    row = {**row, "metadata": {**row["metadata"]}}
+    opts = dict(row["metadata"].get("backend_options") or {})
+    row["metadata"]["backend_options"] = {**opts, "allowed_tools": ["Bash"]}
+    turns = gold_turns(gold_edits(INSTANCE), "/testbed") + [
+        format_qwen_xml("Bash", {"command": command}),
+        "Done.",
+    ]
+    rep = _play((provider, row), tokenizer, "extract", turns)
+    assert (rep["status"], rep["reward"], rep["failure_reason"]) == ("completed", reward, reason), json.dumps(
+        rep
+    )[:4000]
