@@ -473,7 +473,8 @@ class DockerSandbox(SandboxBase):
     def _record_base_pids(self) -> None:
         """Remember the keep-alive (PID 1's child) and its children (the forwarders), before any command."""
         script = (
-            "k=$(cat /proc/1/task/*/children); for _ in $(seq 50); do"
+            # the children file ends in a space: the first word is the pid
+            "set -- $(cat /proc/1/task/*/children); k=$1; for _ in $(seq 50); do"
             ' [ "$(cat /proc/$k/comm 2>/dev/null)" = sleep ] && break; sleep 0.1; done;'
             " echo $k $(cat /proc/$k/task/*/children 2>/dev/null)"
         )
