@@ -148,17 +148,30 @@ def test_every_rule_but_the_local_ones_ran_as_a_slurm_job(slurm_run, slurm_clust
 
 
 # Fields that measure the run rather than the result: durations, absolute paths of the work folder, the
-# random suffix of proxy session ids, a build's random id, a test log's own timing line.
+# random suffix of proxy session ids, a build's random id, a test log's own timing line (and the log, which
+# holds the randomly drawn canary tests).
 VOLATILE = re.compile(
     # nodes: the training summary names the Slurm nodes (none on the local run)
     r"^(timings|seconds|train_seconds|duration|started|ended|build_id|path|output_tail|log|nodes|.*_s)$"
 )
 
 
+def _canaries(value):
+    """The host's canary tests are drawn at random per evaluation (their file, names and originals): what
+    must be the same in two runs is how many of each kind ran and what they reported."""
+    if isinstance(value, list):
+        return sorted((c.get("expect"), c.get("got")) for c in value if isinstance(c, dict))
+    return value
+
+
 def stable(obj, work: Path):
     """A JSON value without its VOLATILE fields; the work folder's path and session suffixes masked."""
     if isinstance(obj, dict):
-        return {k: stable(v, work) for k, v in obj.items() if not VOLATILE.match(k)}
+        return {
+            k: _canaries(v) if k == "canaries" else stable(v, work)
+            for k, v in obj.items()
+            if not VOLATILE.match(k)
+        }
     if isinstance(obj, list):
         return [stable(v, work) for v in obj]
     if isinstance(obj, str):

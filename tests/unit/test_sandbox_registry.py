@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from sweflow.sandbox import registry
+from sweflow.sandbox.limits import LimitSpec
 
 CFG = {
-    "local": {"templates_root": "/tmp/templates"},
-    "docker": {"cpus": 3, "mem_mb": 2048, "pids_limit": 99},
+    "local": {"templates_root": "/tmp/templates", "pids_limit": 77, "mem_mb": 1024, "scratch_mb": 0},
+    "docker": {"cpus": 3, "mem_mb": 2048, "pids_limit": 99, "file_size_mb": 512, "disk_mb": 0},
     "network": {"docker_network": "evalnet"},
 }
 
@@ -32,8 +33,11 @@ def made(monkeypatch):
 def test_local_and_docker_options_come_from_their_sections(made, purpose, server):
     local = registry.provider_from_config("local", CFG, purpose=purpose)
     docker = registry.provider_from_config("docker", CFG, purpose=purpose)
-    assert local.options == {"templates_root": "/tmp/templates", **server}
-    assert docker.options == {"cpu": 3, "memory_mb": 2048, "pids_limit": 99, **server}
+    limits = LimitSpec(pids=77, memory_mb=1024, file_size_mb=2048, scratch_mb=0)
+    assert local.options == {"templates_root": "/tmp/templates", "limits": limits, **server}
+    assert docker.options == {
+        "cpu": 3, "memory_mb": 2048, "pids_limit": 99, "file_size_mb": 512, "disk_mb": 0, **server
+    }  # fmt: skip
 
 
 def test_only_fresh_evaluations_join_the_configured_docker_network(made):
@@ -44,6 +48,15 @@ def test_only_fresh_evaluations_join_the_configured_docker_network(made):
 
 def test_defaults_and_other_providers(made):
     docker = registry.provider_from_config("docker", None)
-    assert docker.options == {"cpu": 2, "memory_mb": 4096, "pids_limit": 1024}
-    assert registry.provider_from_config("local", {}).options == {"templates_root": None}
+    assert docker.options == {
+        "cpu": 2,
+        "memory_mb": 4096,
+        "pids_limit": 1024,
+        "file_size_mb": 2048,
+        "disk_mb": 8192,
+    }
+    assert registry.provider_from_config("local", {}).options == {
+        "templates_root": None,
+        "limits": LimitSpec(),
+    }
     assert registry.provider_from_config("e2b", CFG, purpose="eval").options == {}
