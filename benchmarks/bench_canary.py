@@ -21,12 +21,8 @@ from pathlib import Path
 from sweflow.grading.evaluate import evaluate_patch
 from sweflow.sample import instance_ids, load_task
 
-
-def _env(provider: str, tmp: Path, ids):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.integration.conftest_validation import docker_env, local_env
-
-    return (docker_env if provider == "docker" else local_env)(tmp, ids=ids)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_validate import _env  # noqa: E402  (the same sample environment)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -434,6 +434,7 @@ def evaluate_patch(
         start = getattr(getattr(grader, "harness", None), "start_marker", None)
         end = getattr(getattr(grader, "harness", None), "end_marker", None)
         pytest_row = canary.is_pytest_parser(grader.parser_for(metadata))
+        test_command = _test_command(script, start, end)
         planted: list[canary.Canary] = []
         if canaries and pytest_row:
             tc = time.monotonic()
@@ -442,7 +443,7 @@ def evaluate_patch(
                 workdir,
                 base,
                 list(metadata.get("PASS_TO_PASS") or []),
-                _test_command(script, start, end),
+                test_command,
                 test_patch=canary.test_patch_of(script),
                 rng=rng,
             )
@@ -487,7 +488,7 @@ def evaluate_patch(
         if runner is not None and not (g.resolved or named):
             runner = None
         if runner is None and g.resolved and pytest_row:
-            if canary.summary_expected(_test_command(script, start, end)):
+            if canary.summary_expected(test_command):
                 runner = canary.runner_finished(driver.test_section(log_text, start, end) or log_text)
         if runner is not None:
             g.resolved = False

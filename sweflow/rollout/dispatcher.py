@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sweflow.errors import SweflowError
-from sweflow.grading.evaluate import INFRA_REASONS
+from sweflow.grading.evaluate import INFRA_REASONS, PATCH_EXTRACTION_FAILED, PATCH_UNEXTRACTABLE
 from sweflow.grading.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
 from sweflow.grading.reward import RewardResult
 from sweflow.progress import item_log
@@ -48,8 +48,6 @@ from sweflow.rollout.types import (
 from sweflow.sandbox.base import BLACKBOX_PORT, Provider, Sandbox
 
 log = logging.getLogger("sweflow.rollout")
-PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
-PATCH_UNEXTRACTABLE = "patch_unextractable"
 # Steps that use the agent's sandbox: a failure there while the sandbox is gone is "sandbox_died".
 _SANDBOX_STEPS = ("health", "register", "before_agent", "agent", "patch")
 

@@ -168,42 +168,43 @@ class Limits:
 
     def close(self) -> None:
         """Unmount the scratch tmpfs and remove the cgroups (once their processes are gone)."""
-        for m in self.mounts:
-            r = subprocess.run(["umount", str(m)], capture_output=True, timeout=30)
-            if r.returncode != 0:
-                subprocess.run(["umount", "-l", str(m)], capture_output=True, timeout=30)
-        self.mounts = []
-        for d in reversed(self.cgroups):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY:  # not a cgroup with members: nothing to wait for
-                        log.warning("cannot remove %s: %s", d, exc)
-                        break
-                    _kill_members(d)  # processes still leaving
-                    time.sleep(0.1)
-        self.cgroups = []
+        _unmount(self.mounts)
+        _remove_cgroups(self.cgroups)
+        self.mounts, self.cgroups = [], []
 
-    @classmethod
-    def release(cls, name: str, *, mounts: list[Path], cgroup_root: Path = CGROUP_ROOT) -> None:
+    @staticmethod
+    def release(name: str, *, mounts: list[Path], cgroup_root: Path = CGROUP_ROOT) -> None:
         """What a crashed process left of sandbox ``name``'s limits: its mounts (those that are mount
         points) and its cgroups under v1 or v2."""
-        leftover = cls.__new__(cls)
-        leftover.name, leftover.spec, leftover.root = name, LimitSpec(), cgroup_root
-        leftover.mounts = [m for m in mounts if os.path.ismount(m)]
-        leftover.cgroups = [
-            d
-            for d in (
-                cgroup_root / "sweflow" / name,
-                *(cgroup_root / c / "sweflow" / name for c in ("pids", "memory")),
-            )
-            if d.is_dir()
-        ]
-        leftover.close()
+        _unmount([m for m in mounts if os.path.ismount(m)])
+        dirs = (
+            cgroup_root / "sweflow" / name,
+            *(cgroup_root / c / "sweflow" / name for c in ("pids", "memory")),
+        )
+        _remove_cgroups([d for d in dirs if d.is_dir()])
+
+
+def _unmount(mounts: list[Path]) -> None:
+    for m in mounts:
+        r = subprocess.run(["umount", str(m)], capture_output=True, timeout=30)
+        if r.returncode != 0:
+            subprocess.run(["umount", "-l", str(m)], capture_output=True, timeout=30)
+
+
+def _remove_cgroups(dirs: list[Path]) -> None:
+    for d in reversed(dirs):
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:  # not a cgroup with members: nothing to wait for
+                    log.warning("cannot remove %s: %s", d, exc)
+                    break
+                _kill_members(d)  # processes still leaving
+                time.sleep(0.1)
 
 
 def _kill_members(d: Path) -> None:

@@ -8,30 +8,13 @@ from __future__ import annotations
 import pytest
 
 from sweflow.grading.evaluate import evaluate_patch
-from sweflow.grading.integrity import IntegrityRules
-from sweflow.sample import load_task
 
-try:
-    from tests.integration.conftest_validation import docker_env, local_env
-    from tests.integration.test_attacks_reward import _init_with
+try:  # the reward suite's sample task and providers, shared (module-scoped there, here too)
+    from tests.integration.test_attacks_reward import NO_TAMPER_SCAN, TASK, _init_with, env, task  # noqa: F401
 except ModuleNotFoundError:  # pragma: no cover
-    from conftest_validation import docker_env, local_env  # type: ignore[no-redef]
-    from test_attacks_reward import _init_with  # type: ignore[no-redef]
+    from test_attacks_reward import NO_TAMPER_SCAN, TASK, _init_with, env, task  # type: ignore[no-redef] # noqa: F401
 
 pytestmark = [pytest.mark.integration]
-TASK = "sweflow__calclib-1"
-NO_TAMPER_SCAN = IntegrityRules(tamper_patterns=())
-
-
-@pytest.fixture(scope="module", params=["docker", "local"])
-def env(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"runner-{request.param}")
-    return (docker_env if request.param == "docker" else local_env)(tmp, ids=(TASK,))
-
-
-@pytest.fixture(scope="module")
-def task():
-    return load_task(TASK)
 
 
 RUNTEST_NOOP = """
