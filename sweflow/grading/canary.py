@@ -7,25 +7,34 @@ No text rule keeps up with that. Canaries turn the question around: after the te
 before the test command, the host appends a few tests of its own to a test file the command runs, and
 knows what each must report:
 
-- **must fail**: a clone of a PASS_TO_PASS test of that file whose last top-level ``assert a == b``
-  expects another value (a changed constant) or the opposite (``!=``); the original passes on the base
-  and with any correct fix, so the clone fails on both;
+- **must fail**: a clone of a PASS_TO_PASS test of that file whose last top-level equality check
+  (``assert a == b``, or ``self.assertEqual(a, b)`` in a test class) expects another value (a changed
+  constant) or the opposite (``!=``, ``assertNotEqual``); the original passes on the base and with any
+  correct fix, so the clone fails on both;
 - **must pass**: a verbatim clone of a PASS_TO_PASS test.
 
 Each clone keeps its original's formatting and gets a name built from its siblings' names, drawn at
 random per evaluation (``random.SystemRandom``): to a forger it is one more new test that fails without
-a fix, like the FAIL_TO_PASS tests. Forging them "passing" is caught; leaving them alone leaves the real
+a fix, like the FAIL_TO_PASS tests. A module-level clone is appended to the file; a method's clone goes
+at the end of its own class (the file is written whole, as the run will find it), so it shares the
+class's fixtures and setUp. Forging them "passing" is caught; leaving them alone leaves the real
 FAIL_TO_PASS tests failing. A canary with the wrong status, or missing from the log, is
 ``runner_tampered`` (reward 0); so is a test exit status of 0 while a must-fail canary ran. A run that
 fails its grade anyway keeps the grade's reason unless a must-fail canary was reported passing (no honest
 run does that; an honest run that breaks collection leaves canaries absent and stays e.g.
 fail_to_pass_failure). Canaries never enter F2P/P2P counts or the status maps kept as evidence.
 
-Which logs can carry them: the pytest family of parsers (``parse_log_pytest*``, and pytest's verbose
-lines), on module-level ``def test_x():`` PASS_TO_PASS tests without arguments or decorators. Other runners
-(Django's, sympy's bin/test, unittest-style parsers, the JavaScript/Go/Rust parsers) get none: they are
-guarded by the exit-status, contradiction and duplicate checks of the grade, and ``plan_canaries`` returns [] for
-them (the evaluation records ``canaries: []``).
+Which runners carry them (``family_of`` the row's harness parser), on tests without arguments (``self``
+aside), decorators or docstrings, defined once:
+- **pytest** (``parse_log_pytest*``, matplotlib's and seaborn's parsers, pytest's verbose lines): module
+  functions ``path::test_x`` and methods ``path::Class::test_x`` (plain or ``unittest.TestCase``);
+- **Django** (``parse_log_django``, unittest's verbose lines): methods ``test_x (module.Class)``, in
+  ``tests/<module>.py``, either form of the id unittest prints (``(module.Class.test_x)`` since 3.11);
+- **sympy** (``parse_log_sympy``, bin/test's ``test_x ok`` lines): module functions of the files the
+  command names, names kept clear of every test name of the row (the ids carry no file).
+Rows of other parsers (the JavaScript, Go, Rust, Java families of 5.x) and tests with no clonable check
+(parametrized only, data-driven cases such as mypy's ``.test`` files) get none; they are guarded by the
+exit-status, contradiction and duplicate checks of the grade, and the evaluation records ``canaries: []``.
 
 ``runner_finished`` is the second check here: a pytest run that passes must end with pytest's own closing
 summary (``=== N passed ... in 1.2s ===``) inside the test section, and the summary's passed count must
@@ -36,19 +45,22 @@ leaves no summary, or one that does not add up).
 from __future__ import annotations
 
 import ast
+import base64
 import random
 import re
 import secrets
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 RUNNER_TAMPERED = "runner_tampered"
 RUNNER_NOT_FINISHED = "runner_not_finished"
 MUST_FAIL, MUST_PASS = "fail", "pass"
+PYTEST, DJANGO, SYMPY = "pytest", "django", "sympy"
 FAIL_STATUSES = ("FAILED", "ERROR")
 # the eval scripts' test-patch heredoc: git apply ... <<'EOF_114329324912' ... EOF_114329324912
 _APPLY_HEREDOC = re.compile(r"^\s*git apply\b.*<<\s*'?([A-Za-z_][A-Za-z0-9_]*)'?\s*$")
@@ -64,17 +76,40 @@ _VERBOSE_PASSED = re.compile(r"^(\S+?::.+?) PASSED(?: +\[ *\d+%\])?\s*$")
 
 @dataclass(frozen=True)
 class Canary:
-    """One host test: ``path::name``, whether it must ``fail`` or ``pass``, and its source."""
+    """One host test: ``name`` (in class ``cls`` of ``path`` when set), whether it must ``fail`` or
+    ``pass``, its source, and the runner ``family`` whose parser reports it (``module``: the dotted module
+    Django's runner names it by)."""
 
     path: str
     name: str
     expect: str
     source: str
     cloned_from: str
+    cls: str = ""
+    family: str = PYTEST
+    module: str = ""
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """The keys the family's parser may report this test under (first: the one it prints today)."""
+        if self.family == DJANGO:
+            # unittest's description: "name (module.Class)", since Python 3.11 "name (module.Class.name)";
+            # the parser also keys a "FAIL: name (...)" line by the bare name
+            return (
+                f"{self.name} ({self.module}.{self.cls})",
+                f"{self.name} ({self.module}.{self.cls}.{self.name})",
+                self.name,
+            )
+        if self.family == SYMPY:  # a failure's header also names it: "____ path.py:name ____"
+            return (self.name, f"{self.path}:{self.name}")
+        return ("::".join([self.path, *([self.cls] if self.cls else []), self.name]),)
 
     @property
     def test_id(self) -> str:
-        return f"{self.path}::{self.name}"
+        return self.ids[0]
+
+    def status_in(self, statuses: Mapping[str, str]) -> str | None:
+        return next((statuses[i] for i in self.ids if i in statuses), None)
 
     def to_dict(self) -> dict[str, str]:
         d = asdict(self)
@@ -82,9 +117,35 @@ class Canary:
         return d
 
 
+@dataclass(frozen=True)
+class CanarySet:
+    """Canaries as planted: the tests, and the whole new text of each file that gets a test inside one of
+    its classes (the rest are appended to their files)."""
+
+    canaries: tuple[Canary, ...] = ()
+    writes: Mapping[str, str] = field(default_factory=dict)
+
+    def __iter__(self):
+        return iter(self.canaries)
+
+    def __len__(self) -> int:
+        return len(self.canaries)
+
+    def __bool__(self) -> bool:
+        return bool(self.canaries)
+
+
+def family_of(parser) -> str | None:
+    """The runner family a harness parser reads (``pytest``, ``django``, ``sympy``), or None: no canaries."""
+    name = getattr(parser, "__name__", "")
+    if "pytest" in name or name in ("parse_log_matplotlib", "parse_log_seaborn"):
+        return PYTEST
+    return {"parse_log_django": DJANGO, "parse_log_sympy": SYMPY}.get(name)
+
+
 def is_pytest_parser(parser) -> bool:
-    """Whether ``parser`` reads pytest's output (the family canaries and the summary check cover)."""
-    return "pytest" in getattr(parser, "__name__", "")
+    """Whether ``parser`` reads pytest's output (the family the closing-summary check covers)."""
+    return family_of(parser) == PYTEST
 
 
 # ----- planning -----------------------------------------------------------------------------------------
@@ -100,13 +161,54 @@ def test_patch_of(script: str) -> str:
     return ""
 
 
-def candidate_files(pass_to_pass: Sequence[str], test_command: str = "") -> list[str]:
-    """Python test files holding PASS_TO_PASS tests (those the test command names, when it names any)."""
-    files = sorted(
-        {t.split("::", 1)[0] for t in pass_to_pass if "::" in t and t.split("::", 1)[0].endswith(".py")}
-    )
-    named = [f for f in files if f in test_command]
-    return named or ([] if any(w.endswith(".py") for w in test_command.split()) else files)
+# a unit: (module, class, function) a P2P id names; module only for Django, class "" at module level
+Unit = tuple[str, str, str]
+_DJANGO_ID = re.compile(r"^(\w+) \(((?:\w+\.)+\w+)\)$")
+_WORD_PY = re.compile(r"\S+\.py")
+
+
+def _named_files(test_command: str) -> list[str]:
+    return [w for w in _WORD_PY.findall(test_command) if not w.startswith("-")]
+
+
+def units_by_file(
+    pass_to_pass: Sequence[str], test_command: str = "", family: str = PYTEST
+) -> dict[str, set[Unit]]:
+    """The Python test files whose PASS_TO_PASS tests can be cloned, each with its tests as units.
+
+    pytest: ``path::name`` or ``path::Class::name`` (files the command names, when it names any); Django:
+    ``name (module.Class)``, the file ``tests/<module>.py`` (Django's layout) or ``<module>.py``; sympy:
+    bare names, so every file the command names, with every name (only those it defines are cloned)."""
+    out: dict[str, set[Unit]] = {}
+    if family == PYTEST:
+        for t in pass_to_pass:
+            parts = t.split("::")
+            if 2 <= len(parts) <= 3 and parts[0].endswith(".py") and all(p.isidentifier() for p in parts[1:]):
+                out.setdefault(parts[0], set()).add(("", parts[1] if len(parts) == 3 else "", parts[-1]))
+        named = {f for f in out if f in test_command}
+        if named or _named_files(test_command):
+            out = {f: u for f, u in out.items() if f in named}
+    elif family == DJANGO:
+        for t in pass_to_pass:
+            m = _DJANGO_ID.match(t)
+            if not m:
+                continue
+            name, parts = m.group(1), m.group(2).split(".")
+            if parts[-1] == name and len(parts) > 2:  # "name (module.Class.name)"
+                parts = parts[:-1]
+            module, cls = ".".join(parts[:-1]), parts[-1]
+            rel = module.replace(".", "/") + ".py"
+            for path in (f"tests/{rel}", rel):
+                out.setdefault(path, set()).add((module, cls, name))
+    elif family == SYMPY:
+        names = {("", "", t) for t in pass_to_pass if t.isidentifier() and t.startswith("test")}
+        out = {f: set(names) for f in _named_files(test_command)} if names else {}
+    return out
+
+
+def candidate_files(pass_to_pass: Sequence[str], test_command: str = "", family: str = PYTEST) -> list[str]:
+    """Python test files holding PASS_TO_PASS tests the command runs (see ``units_by_file``)."""
+    return sorted(units_by_file(pass_to_pass, test_command, family))
 
 
 def apply_to(path: str, base: str | None, patch: str) -> str | None:
@@ -130,25 +232,53 @@ def apply_to(path: str, base: str | None, patch: str) -> str | None:
         return target.read_text(encoding="utf-8", errors="surrogateescape")
 
 
-def _plain_tests(tree: ast.Module) -> dict[str, ast.FunctionDef]:
-    """Module-level ``def test_x():`` with no arguments and no decorators, defined once."""
+def _plain(fn, method: bool) -> bool:
+    """``def test_x():`` (``def test_x(self):`` in a class): no other arguments, no decorators."""
+    a = getattr(fn, "args", None)
+    if (
+        not isinstance(fn, ast.FunctionDef)
+        or fn.decorator_list
+        or a is None
+        or not fn.name.startswith("test")
+    ):
+        return False
+    if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults:
+        return False
+    return [x.arg for x in a.args] == (["self"] if method else [])
+
+
+def _once(body) -> dict[str, list]:
     seen: dict[str, list] = {}
-    for node in tree.body:
+    for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             seen.setdefault(node.name, []).append(node)
-    out = {}
-    for name, nodes in seen.items():
-        fn = nodes[0]
-        a = getattr(fn, "args", None)
-        if (
-            len(nodes) == 1
-            and isinstance(fn, ast.FunctionDef)
-            and name.startswith("test")
-            and not fn.decorator_list
-            and a is not None
-            and not (a.posonlyargs or a.args or a.vararg or a.kwonlyargs or a.kwarg)
-        ):
-            out[name] = fn
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):  # `test_x = ...` rebinding a name
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name):
+                    seen.setdefault(t.id, []).extend([None, None])
+    return {n: nodes[0] for n, nodes in seen.items() if len(nodes) == 1}
+
+
+def _plain_tests(tree: ast.Module) -> dict[tuple[str, str], ast.FunctionDef]:
+    """(class, name) -> plain test defined once: module-level functions, and methods of module-level
+    classes defined once (class "" for module level)."""
+    out: dict[tuple[str, str], ast.FunctionDef] = {}
+    # a class another class of the module derives from would run a test put into it twice, once under
+    # an id the host does not know
+    bases = {
+        b.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef)
+        for b in n.bases
+        if isinstance(b, ast.Name)
+    }
+    for name, node in _once(tree.body).items():
+        if isinstance(node, ast.FunctionDef) and _plain(node, method=False):
+            out[("", name)] = node
+        elif isinstance(node, ast.ClassDef) and name not in bases:
+            for mname, m in _once(node.body).items():
+                if isinstance(m, ast.FunctionDef) and _plain(m, method=True) and not ast.get_docstring(m):
+                    out[(name, mname)] = m
     return out
 
 
@@ -167,8 +297,13 @@ def _new_name(taken: set[str], siblings: Sequence[str], rng: random.Random) -> s
         a, b = rng.choice(words), rng.choice(words)
         head = a[: rng.randint(1, max(1, len(a)))]
         tail = b[rng.randint(0, max(0, len(b) - 1)) :]
-        name = "test_" + "_".join(w for w in head + tail if w)
-        if name not in taken and name.isidentifier():
+        parts = [w for w in head + tail if w]
+        name = "test_" + "_".join(parts)
+        if (
+            name not in taken
+            and name.isidentifier()
+            and all(x != y for x, y in zip(parts, parts[1:], strict=False))
+        ):
             return name
     while True:  # siblings too few to mix: a sibling's name with one of the module's words added
         name = "test_" + "_".join(rng.choice(words) + [rng.choice(rng.choice(words))])
@@ -200,38 +335,68 @@ def _mutated_constant(value, rng: random.Random, far: bool = False):
     return None
 
 
+def _constant_edit(node: ast.expr, text: str, lines: list[str], rng: random.Random, far: bool):
+    """(start, end, replacement) writing another constant in place of ``node``, or None."""
+    if not isinstance(node, ast.Constant):
+        return None
+    new = _mutated_constant(node.value, rng, far=far)
+    s = _offset(lines, node.lineno, node.col_offset)
+    e = _offset(lines, node.end_lineno, node.end_col_offset)
+    seg = text[s:e]
+    if new is not None and isinstance(new, str):
+        q = seg[:1]
+        if q in "'\"" and seg[-1:] == q and q not in new and "\\" not in new + seg and "\n" not in new:
+            return (s, e, q + new + q)
+    elif new is not None and seg.lstrip("-").replace(".", "", 1).replace("_", "").isdigit():
+        return (s, e, repr(new))
+    return None
+
+
+_ASSERT_EQUAL = {"assertEqual": "assertNotEqual", "assertEquals": "assertNotEqual"}
+
+
 def _failing_edit(
     fn: ast.FunctionDef, text: str, lines: list[str], rng: random.Random, negate: bool = True
 ) -> tuple[int, int, str] | None:
-    """(start, end, replacement) that makes the function's last top-level ``assert x == y`` fail: another
-    expected constant, or (``negate``) ``!=``, which is only sound while the tested code is the base's."""
-    asserts = [s for s in fn.body if isinstance(s, ast.Assert)]
-    if not asserts:
+    """(start, end, replacement) that makes the function's last top-level equality check fail (``assert
+    x == y``, or ``self.assertEqual(x, y)`` in a method): another expected constant, or (``negate``) the
+    opposite check, which is only sound while the tested code is the base's."""
+    checks = [
+        s
+        for s in fn.body
+        if isinstance(s, ast.Assert)
+        or (
+            isinstance(s, ast.Expr)
+            and isinstance(s.value, ast.Call)
+            and isinstance(s.value.func, ast.Attribute)
+            and isinstance(s.value.func.value, ast.Name)
+            and s.value.func.value.id == "self"
+            and s.value.func.attr in _ASSERT_EQUAL
+        )
+    ]
+    if not checks:
         return None
-    last = asserts[-1]
+    last, options = checks[-1], []
+    if isinstance(last, ast.Expr):
+        call = last.value
+        if len(call.args) < 2 or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        for arg in call.args[1::-1]:
+            edit = _constant_edit(arg, text, lines, rng, far=not negate)
+            if edit:
+                options.append(edit)
+                break
+        if negate:
+            e = _offset(lines, call.func.end_lineno, call.func.end_col_offset)
+            options.append((e - len(call.func.attr), e, _ASSERT_EQUAL[call.func.attr]))
+        return rng.choice(options) if options else None
     cmp = last.test
     if not (isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq)):
         return None
     right = cmp.comparators[0]
-    options = []
-    if isinstance(right, ast.Constant):
-        new = _mutated_constant(right.value, rng, far=not negate)
-        s = _offset(lines, right.lineno, right.col_offset)
-        e = _offset(lines, right.end_lineno, right.end_col_offset)
-        seg = text[s:e]
-        if new is not None and isinstance(new, str):
-            q = seg[:1]
-            if (
-                q in "'\""
-                and seg[-1:] == q
-                and q not in new
-                and "\\" not in new
-                and "\\" not in seg
-                and "\n" not in new
-            ):
-                options.append((s, e, q + new + q))
-        elif new is not None and seg.lstrip("-").replace(".", "", 1).replace("_", "").isdigit():
-            options.append((s, e, repr(new)))
+    edit = _constant_edit(right, text, lines, rng, far=not negate)
+    if edit:
+        options.append(edit)
     left_end = _offset(lines, cmp.left.end_lineno, cmp.left.end_col_offset)
     right_start = _offset(lines, right.lineno, right.col_offset)
     between = text[left_end:right_start]
@@ -248,15 +413,19 @@ def _renamed(fn: ast.FunctionDef, src: str, new: str) -> str:
 def plan_for_file(
     path: str,
     text: str,
-    pass_to_pass: Sequence[str],
+    pass_to_pass: Sequence[str] | set[Unit],
     rng: random.Random,
     *,
     must_fail: int = 2,
     must_pass: int = 1,
     negate: bool = True,
+    family: str = PYTEST,
+    reserved: Iterable[str] = (),
 ) -> list[Canary]:
     """Canaries for one test file (its text as the test command will run it), or [] if none can be made.
 
+    ``pass_to_pass``: the file's units (``units_by_file``), or the row's PASS_TO_PASS ids (pytest ids).
+    ``reserved``: names no canary may take (a sympy run names tests without their file).
     Where the code under test may legitimately differ from the base (SWE-smith's bug runs: a broken
     function makes its tests fail), pass ``must_pass=0, negate=False``: a must-pass clone of a test the
     bug breaks would fail, and ``!=`` would pass once the bug changed the value."""
@@ -264,36 +433,50 @@ def plan_for_file(
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return []
-    p2p = {t.split("::", 1)[1] for t in pass_to_pass if t.startswith(path + "::")}
-    plain = {n: fn for n, fn in _plain_tests(tree).items() if n in p2p}
+    units = (
+        pass_to_pass
+        if isinstance(pass_to_pass, set)
+        else units_by_file(pass_to_pass, "", family).get(path, set())
+    )
+    modules = {(c, n): m for m, c, n in units}
+    plain = {k: fn for k, fn in _plain_tests(tree).items() if k in modules}
     if not plain:
         return []
     lines = text.split("\n")
-    taken = _sibling_names(tree)
-    siblings = sorted(n for n in taken if n.startswith("test"))
+    taken = _sibling_names(tree) | set(reserved)
     out: list[Canary] = []
-    names = sorted(plain)
-    rng.shuffle(names)
-    for name in names:
+    keys = sorted(plain)
+    rng.shuffle(keys)
+
+    def clone(key, expect, src):
+        fn = plain[key]
+        cls = key[0]
+        scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls) if cls else tree
+        siblings = sorted(
+            n.name for n in ast.iter_child_nodes(scope) if getattr(n, "name", "").startswith("test")
+        )
+        new = _new_name(taken, siblings or sorted(n for n in taken if n.startswith("test")), rng)
+        taken.add(new)
+        out.append(Canary(path, new, expect, _renamed(fn, src, new), fn.name, cls, family, modules[key]))
+
+    for key in keys:
         if sum(c.expect == MUST_FAIL for c in out) >= must_fail:
             break
-        fn = plain[name]
+        fn = plain[key]
         edit = _failing_edit(fn, text, lines, rng, negate)
         if edit is None:
             continue
         s0 = _offset(lines, fn.lineno, 0)
         e0 = _offset(lines, fn.end_lineno, fn.end_col_offset)
         s, e, rep = edit
-        src = text[s0:s] + rep + text[e:e0]
-        new = _new_name(taken, siblings, rng)
-        taken.add(new)
-        out.append(Canary(path, new, MUST_FAIL, _renamed(fn, src, new), name))
-    for name in names[:must_pass]:
-        fn = plain[name]
-        src = text[_offset(lines, fn.lineno, 0) : _offset(lines, fn.end_lineno, fn.end_col_offset)]
-        new = _new_name(taken, siblings, rng)
-        taken.add(new)
-        out.append(Canary(path, new, MUST_PASS, _renamed(fn, src, new), name))
+        clone(key, MUST_FAIL, text[s0:s] + rep + text[e:e0])
+    for key in keys[:must_pass]:
+        fn = plain[key]
+        clone(
+            key,
+            MUST_PASS,
+            text[_offset(lines, fn.lineno, 0) : _offset(lines, fn.end_lineno, fn.end_col_offset)],
+        )
     if not any(c.expect == MUST_FAIL for c in out):
         return []  # a must-pass canary alone proves nothing about a forger that passes everything
     rng.shuffle(out)
@@ -304,25 +487,88 @@ def plan_canaries(
     files: Mapping[str, str | None],
     pass_to_pass: Sequence[str],
     rng: random.Random | None = None,
-    **counts: int,
+    *,
+    family: str = PYTEST,
+    test_command: str = "",
+    reserved: Iterable[str] = (),
+    **counts: Any,
 ) -> list[Canary]:
     """Canaries for the first of ``files`` (path -> text as run) that can carry them, in random order."""
     rng = rng or random.SystemRandom()
-    paths = [p for p, t in files.items() if t]
+    units = units_by_file(pass_to_pass, test_command, family)
+    paths = [p for p, t in files.items() if t and units.get(p)]
     rng.shuffle(paths)
     for path in paths:
-        got = plan_for_file(path, files[path] or "", pass_to_pass, rng, **counts)
+        got = plan_for_file(
+            path, files[path] or "", units[path], rng, family=family, reserved=reserved, **counts
+        )
         if got:
             return got
     return []
 
 
-def injection(canaries: Sequence[Canary]) -> str:
-    """Shell lines appending the canaries to their files (one heredoc per file, a random delimiter)."""
+def _indent(line: str) -> str:
+    return line[: len(line) - len(line.lstrip())]
+
+
+def place(canaries: Sequence[Canary], current: Mapping[str, str | None]) -> CanarySet:
+    """Where each canary goes in its file as the run will find it (``current``: path -> that text).
+
+    A module-level canary is appended to its file. One in a class goes after the class's last statement,
+    which needs the file's text: the whole new text is written. A canary whose class is gone, defined
+    twice or indented otherwise than its clone is dropped; no must-fail canary left, none at all."""
+    kept = [c for c in canaries if not c.cls]
+    writes: dict[str, str] = {}
+    for path in sorted({c.path for c in canaries if c.cls}):
+        text = current.get(path)
+        group = [c for c in canaries if c.path == path and c.cls]
+        try:
+            tree = ast.parse(text or "")
+        except (SyntaxError, ValueError):
+            continue
+        classes = _once(tree.body)
+        lines = (text or "").split("\n")
+        inserts: dict[int, list[str]] = {}
+        placed = []
+        for c in group:
+            node = classes.get(c.cls)
+            if not isinstance(node, ast.ClassDef) or not node.body:
+                continue
+            first = lines[node.body[0].lineno - 1]
+            if _indent(first) != _indent(c.source.split("\n", 1)[0]) or not _indent(first):
+                continue
+            inserts.setdefault(node.end_lineno, []).extend(["", c.source.rstrip("\n")])
+            placed.append(c)
+        new_lines = []
+        for i, line in enumerate(lines, 1):
+            new_lines.append(line)
+            new_lines.extend(inserts.get(i, []))
+        new = "\n".join(new_lines)
+        try:
+            defined = {(k[0], k[1]) for k in _plain_tests(ast.parse(new))}
+        except (SyntaxError, ValueError):
+            continue
+        if all((c.cls, c.name) in defined for c in placed) and placed:
+            writes[path] = new
+            kept.extend(placed)
+    if not any(c.expect == MUST_FAIL for c in kept):
+        return CanarySet()
+    order = {id(c): i for i, c in enumerate(canaries)}
+    return CanarySet(tuple(sorted(kept, key=lambda c: order[id(c)])), writes)
+
+
+def injection(canaries: Sequence[Canary] | CanarySet) -> str:
+    """Shell lines planting the canaries: the new text of a file written whole (base64, so any byte goes
+    through), or the module-level ones appended (one heredoc per file, a random delimiter)."""
+    cset = canaries if isinstance(canaries, CanarySet) else CanarySet(tuple(canaries))
     out = []
+    for path, text in cset.writes.items():
+        b64 = base64.b64encode(text.encode("utf-8", "surrogateescape")).decode()
+        out.append(f"printf %s {b64} | base64 -d > {shlex.quote(path)}")
     by_path: dict[str, list[Canary]] = {}
-    for c in canaries:
-        by_path.setdefault(c.path, []).append(c)
+    for c in cset.canaries:
+        if c.path not in cset.writes:
+            by_path.setdefault(c.path, []).append(c)
     for path, group in by_path.items():
         delim = f"EOF_{secrets.randbelow(10**12):012d}"
         body = "\n\n\n".join(c.source.rstrip("\n") for c in group)
@@ -330,8 +576,8 @@ def injection(canaries: Sequence[Canary]) -> str:
     return "\n".join(out)
 
 
-def inject(script: str, canaries: Sequence[Canary], start_marker: str | None) -> str:
-    """``script`` with the canaries appended to their files just before the start-of-test-output line."""
+def inject(script: str, canaries: Sequence[Canary] | CanarySet, start_marker: str | None) -> str:
+    """``script`` with the canaries planted in their files just before the start-of-test-output line."""
     if not canaries:
         return script
     lines = script.split("\n")
@@ -343,6 +589,13 @@ def inject(script: str, canaries: Sequence[Canary], start_marker: str | None) ->
 
 
 # ----- checking -----------------------------------------------------------------------------------------
+def _same_file(c: Canary, key: str) -> bool:
+    """Whether the status key ``key`` names a test of ``c``'s file (sympy's bare names never tell)."""
+    if c.family == DJANGO:
+        return f"({c.module}." in key
+    return c.family == PYTEST and key.startswith(c.path + "::")
+
+
 def check_canaries(
     canaries: Sequence[Canary],
     statuses: Mapping[str, str],
@@ -357,27 +610,27 @@ def check_canaries(
     is still wrong."""
     wrong = []
     for c in canaries:
-        got = statuses.get(c.test_id)
+        got = c.status_in(statuses)
         ok = got in FAIL_STATUSES if c.expect == MUST_FAIL else got == "PASSED"
         if not ok and got is None and absent_with_file:
-            ok = not any(k.startswith(c.path + "::") for k in statuses)
+            ok = not any(_same_file(c, k) for k in statuses)
         if not ok:
             wrong.append(f"{c.name} (must {c.expect}) {got or 'absent'}")
     if wrong:
         return f"{RUNNER_TAMPERED}: canary tests reported wrongly: " + ", ".join(wrong)
-    if test_exit_code == 0 and any(c.expect == MUST_FAIL and c.test_id in statuses for c in canaries):
+    if test_exit_code == 0 and any(c.expect == MUST_FAIL and c.status_in(statuses) for c in canaries):
         return f"{RUNNER_TAMPERED}: the test command exited 0 although a canary test failed"
     return None
 
 
 def forged_pass(canaries: Sequence[Canary], statuses: Mapping[str, str]) -> bool:
     """Whether a must-fail canary was reported passing: no honest run does that."""
-    return any(c.expect == MUST_FAIL and statuses.get(c.test_id) == "PASSED" for c in canaries)
+    return any(c.expect == MUST_FAIL and c.status_in(statuses) == "PASSED" for c in canaries)
 
 
 def without(statuses: Mapping[str, str], canaries: Sequence[Canary]) -> dict[str, str]:
     """The status map without the canaries' ids (evidence and F2P/P2P derivation never see them)."""
-    ids = {c.test_id for c in canaries}
+    ids = {i for c in canaries for i in c.ids}
     return {k: v for k, v in statuses.items() if k not in ids}
 
 

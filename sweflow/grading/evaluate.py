@@ -433,10 +433,11 @@ def evaluate_patch(
         grader = grader or HostGrader.for_metadata(metadata)
         start = getattr(getattr(grader, "harness", None), "start_marker", None)
         end = getattr(getattr(grader, "harness", None), "end_marker", None)
-        pytest_row = canary.is_pytest_parser(grader.parser_for(metadata))
+        family = canary.family_of(grader.parser_for(metadata))
+        pytest_row = family == canary.PYTEST
         test_command = _test_command(script, start, end)
-        planted: list[canary.Canary] = []
-        if canaries and pytest_row:
+        planted = canary.CanarySet()
+        if canaries and family:
             tc = time.monotonic()
             planted = fresh.draw_canaries(
                 sb,
@@ -446,6 +447,8 @@ def evaluate_patch(
                 test_command,
                 test_patch=canary.test_patch_of(script),
                 rng=rng,
+                family=family,
+                reserved=_test_names(metadata),
             )
             host_script = canary.inject(host_script, planted, start)
             timings["canary_s"] = round(time.monotonic() - tc, 3)
@@ -478,7 +481,7 @@ def evaluate_patch(
             return _result(LOG_TRUNCATED, timings, tail=log_text, log=log_text, rc=rc)
         g = grader.grade(log_text, metadata, rc)
         statuses = _statuses(grader, log_text, metadata)
-        verdicts = [{**c.to_dict(), "got": statuses.get(c.test_id)} for c in planted]
+        verdicts = [{**c.to_dict(), "got": c.status_in(statuses)} for c in planted]
         # A canary that is wrong or missing overrides a pass; for an agent's patch a must-fail canary
         # reported passing overrides any grade, so the tampering is named. A trusted patch's failed run
         # keeps its own reason: a clone of a flaky test can pass by chance (`assert x != 0` of one that
@@ -634,6 +637,12 @@ def _infra_failure(
                 f"(no {start!r} in the {len(log_text)}-character log)"
             )
     return None
+
+
+def _test_names(metadata: Mapping[str, Any]) -> list[str]:
+    """Every name the row's tests go by (last part of each id): no canary may take one."""
+    ids = list(metadata.get("FAIL_TO_PASS") or []) + list(metadata.get("PASS_TO_PASS") or [])
+    return sorted({str(t).split(" (")[0].split("::")[-1].split("[")[0] for t in ids})
 
 
 def _test_command(script: str, start: str | None, end: str | None) -> str:

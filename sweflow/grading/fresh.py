@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import shlex
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import SandboxError
@@ -146,6 +146,17 @@ def read_at_base(sb: Sandbox, workdir: str, base: str, paths: Sequence[str]) -> 
     return texts
 
 
+def read_current(sb: Sandbox, workdir: str, paths: Sequence[str]) -> dict[str, str | None]:
+    """Each path's text in the sandbox's tree now (None: absent or unreadable), read by the provider."""
+    texts: dict[str, str | None] = {}
+    for path in paths:
+        try:
+            texts[path] = decode(sb.read_file(f"{workdir.rstrip('/')}/{path}"))
+        except SandboxError:
+            texts[path] = None
+    return texts
+
+
 def draw_canaries(
     sb: Sandbox,
     workdir: str,
@@ -156,23 +167,35 @@ def draw_canaries(
     test_patch: str = "",
     rng: random.Random | None = None,
     max_files: int = 3,
+    family: str = canary.PYTEST,
+    reserved: Sequence[str] = (),
     **counts: Any,
-) -> list[canary.Canary]:
+) -> canary.CanarySet:
     """Canaries cloned from ``passing`` tests (those known to pass without the patch) of up to ``max_files``
-    test files the command runs, read at the base, ``test_patch`` applied host-side."""
-    files = canary.candidate_files(list(passing), test_command)
+    test files the command runs, read at the base (so no edit of the patch decides what can be cloned),
+    ``test_patch`` applied host-side; placed in the files as the run will find them: a file the test patch
+    writes as the host's apply leaves it, any other as the tree holds it now."""
+    files = canary.candidate_files(list(passing), test_command, family)
     if not files:
-        return []
+        return canary.CanarySet()
     rng = rng or random.SystemRandom()
     rng.shuffle(files)
-    texts: Mapping[str, str | None] = {
-        path: canary.apply_to(path, text, test_patch)
-        for path, text in read_at_base(sb, workdir, base, files[:max_files]).items()
-    }
-    return canary.plan_canaries(texts, list(passing), rng, **counts)
+    texts: dict[str, str | None] = {}
+    for path, text in read_at_base(sb, workdir, base, files[: max_files * 2]).items():
+        if (text is not None or f"b/{path}" in test_patch) and len(texts) < max_files:
+            texts[path] = canary.apply_to(path, text, test_patch)  # (a file the test patch creates too)
+    planned = canary.plan_canaries(
+        texts, list(passing), rng, family=family, test_command=test_command, reserved=reserved, **counts
+    )
+    in_class = sorted({c.path for c in planned if c.cls})
+    patched = {p for p in in_class if f"b/{p}" in test_patch}
+    current = {p: texts[p] for p in patched} | read_current(
+        sb, workdir, [p for p in in_class if p not in patched]
+    )
+    return canary.place(planned, current)
 
 
-def plant_canaries(sb: Sandbox, workdir: str, canaries: Sequence[canary.Canary]) -> None:
-    """Append the canaries to their files in the sandbox's tree now."""
+def plant_canaries(sb: Sandbox, workdir: str, canaries: canary.CanarySet | Sequence[canary.Canary]) -> None:
+    """Plant the canaries in their files in the sandbox's tree now."""
     if canaries:
         _must(sb, f"cd {shlex.quote(workdir)} && {canary.injection(canaries)}", "planting the canaries")

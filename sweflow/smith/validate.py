@@ -129,7 +129,7 @@ def run_suite(
                 failed = fresh.prepare(sb, WORKDIR, commit, patch)
                 if failed is not None:
                     return SuiteResult([], failed[-500:])
-                planted: list[canary.Canary] = []
+                planted = canary.CanarySet()
                 if with_canaries:
                     # must-fail only, no `!=`: the bug may break (or change) what a clone tests
                     planted = fresh.draw_canaries(

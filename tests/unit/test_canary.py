@@ -98,7 +98,7 @@ def test_a_forger_is_named_and_a_clean_run_is_not():
 
 
 def test_files_without_plain_pass_to_pass_tests_carry_none():
-    text = "import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_p(x):\n    assert x == 1\n\n\nclass TestK:\n    def test_m(self):\n        assert 1 == 1\n"
+    text = "import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_p(x):\n    assert x == 1\n\n\nclass TestK:\n    @pytest.mark.slow\n    def test_m(self):\n        assert 1 == 1\n"
     assert canary.plan_canaries({"t.py": text}, ["t.py::test_p[1]", "t.py::TestK::test_m"]) == []
     # a plain test without an `assert a == b` gives no must-fail canary, so none at all
     assert canary.plan_canaries({"t.py": "def test_q():\n    assert True\n"}, ["t.py::test_q"]) == []

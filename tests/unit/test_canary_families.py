@@ -1,0 +1,268 @@
+"""Canaries in test classes and for the Django and sympy runner families (sweflow.grading.canary): planned,
+placed and run by real pytest, real unittest (the runner Django's is made of) and a runner in sympy's
+bin/test output shape, then read by the harness's own parsers."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweflow.grading import canary
+from sweflow.harness import driver
+
+RUNNERS = Path(__file__).resolve().parents[1] / "fixtures" / "runners"
+
+CLASS_FILE = """\\
+import unittest
+
+
+def double(x):
+    return 2 * x
+
+
+class TestDoubling:
+    factor = 2
+
+    def test_double_small(self):
+        assert double(3) == 6
+
+    def test_double_zero(self):
+        assert double(0) == 0
+
+    def test_double_uses_factor(self):
+        assert double(5) == self.factor * 5
+
+
+class DoublingCase(unittest.TestCase):
+    def setUp(self):
+        self.value = 21
+
+    def test_setup_value(self):
+        self.assertEqual(double(self.value), 42)
+
+    def test_string_double(self):
+        self.assertEqual(double("ab"), "abab")
+"""
+CLASS_P2P = [
+    "tests/test_k.py::TestDoubling::test_double_small",
+    "tests/test_k.py::TestDoubling::test_double_zero",
+    "tests/test_k.py::TestDoubling::test_double_uses_factor",
+    "tests/test_k.py::DoublingCase::test_setup_value",
+    "tests/test_k.py::DoublingCase::test_string_double",
+]
+
+
+def _pytest(root: Path, rel: str) -> dict[str, str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", rel],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    return driver.parse_log_pytest_verbose(out) | {
+        ln.split(" ", 2)[1]: ln.split(" ", 1)[0]
+        for ln in out.splitlines()
+        if ln.startswith(("PASSED ", "FAILED ", "ERROR "))
+    }
+
+
+def _harness_parser(name: str):
+    pytest.importorskip("swebench")
+    from swebench.harness.log_parsers import python as parsers
+
+    fn = getattr(parsers, name)
+    return lambda log: fn(log, None)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_method_canaries_go_into_their_class_and_run_as_planned(tmp_path, seed):
+    rel = "tests/test_k.py"
+    (tmp_path / "tests").mkdir()
+    got = canary.plan_canaries({rel: CLASS_FILE}, CLASS_P2P, random.Random(seed))
+    assert sorted(c.expect for c in got) == ["fail", "fail", "pass"], got
+    assert all(c.cls in ("TestDoubling", "DoublingCase") for c in got)
+    placed = canary.place(got, {rel: CLASS_FILE})
+    assert len(placed) == 3 and set(placed.writes) == {rel}
+    (tmp_path / rel).write_text(placed.writes[rel])
+    statuses = _pytest(tmp_path, rel)
+    assert canary.check_canaries(placed, statuses, 1) is None, (statuses, placed.writes[rel])
+    assert all(statuses[t] == "PASSED" for t in CLASS_P2P)  # the real tests' outcomes are unchanged
+    assert {c.test_id for c in placed} <= set(statuses)
+    assert canary.without(statuses, placed) == {t: "PASSED" for t in CLASS_P2P}
+    # the shell lines the evaluation runs write exactly that text, whatever bytes it holds
+    (tmp_path / rel).write_text(CLASS_FILE)
+    subprocess.run(["bash", "-c", canary.injection(placed)], cwd=tmp_path, check=True)
+    assert (tmp_path / rel).read_text() == placed.writes[rel]
+
+
+def test_assert_equal_canaries_change_a_constant_or_negate():
+    edits = set()
+    for seed in range(40):
+        for c in canary.plan_canaries(
+            {"tests/test_k.py": CLASS_FILE}, CLASS_P2P[3:], random.Random(seed), must_pass=0
+        ):
+            if c.expect == "fail":
+                edits.add("assertNotEqual" in c.source)
+                assert c.source.count("self.assert") == 1 and c.cls == "DoublingCase"
+    assert edits == {True, False}
+    # SWE-smith's bug runs (negate=False): never the opposite check
+    for seed in range(20):
+        got = canary.plan_canaries(
+            {"tests/test_k.py": CLASS_FILE}, CLASS_P2P, random.Random(seed), negate=False
+        )
+        assert not any("assertNotEqual" in c.source or "!=" in c.source for c in got)
+
+
+def test_a_canary_whose_class_is_gone_renamed_or_reindented_is_dropped():
+    got = canary.plan_canaries(
+        {"t.py": CLASS_FILE}, [t.replace("tests/test_k.py", "t.py") for t in CLASS_P2P]
+    )
+    assert (
+        canary.place(
+            got,
+            {
+                "t.py": CLASS_FILE.replace("class TestDoubling", "class Other").replace(
+                    "class DoublingCase", "class Other2"
+                )
+            },
+        )
+        == canary.CanarySet()
+    )
+    reindented = CLASS_FILE.replace("\n    ", "\n  ")
+    assert not canary.place(got, {"t.py": reindented})
+    assert not canary.place(got, {"t.py": "def broken(:\n"})
+    # a module-level canary needs no text: appended
+    flat = "def test_a():\n    assert 1 + 1 == 2\n"
+    mod = canary.plan_canaries({"f.py": flat}, ["f.py::test_a"], must_pass=0)
+    assert canary.place(mod, {}).canaries == tuple(mod) and not canary.place(mod, {}).writes
+
+
+def test_a_class_another_class_derives_from_carries_none():
+    text = CLASS_FILE + "\n\nclass TestMore(TestDoubling):\n    pass\n"
+    got = canary.plan_canaries({"t.py": text}, [t.replace("tests/test_k.py", "t.py") for t in CLASS_P2P[:3]])
+    assert got == []
+
+
+DJANGO_FILE = '''\\
+from unittest import TestCase
+
+
+class ArithmeticTests(TestCase):
+    def test_sum_of_two(self):
+        self.assertEqual(1 + 2, 3)
+
+    def test_join_words(self):
+        self.assertEqual("-".join(["a", "b"]), "a-b")
+
+    def test_length_of_list(self):
+        items = [1, 2, 3, 4]
+        self.assertEqual(len(items), 4)
+
+    def test_documented(self):
+        """A docstring: unittest prints it, the harness keys the test by it."""
+        self.assertEqual(2 * 2, 4)
+'''
+
+
+def _django_ids(names, long: bool) -> list[str]:
+    return [f"{n} (arith.tests.ArithmeticTests{'.' + n if long else ''})" for n in names]
+
+
+@pytest.mark.parametrize("long_ids", [False, True], ids=["py<3.11 ids", "py>=3.11 ids"])
+def test_django_family_canaries_run_under_unittest_and_the_harness_parser(tmp_path, long_ids):
+    parse = _harness_parser("parse_log_django")
+    (tmp_path / "tests" / "arith").mkdir(parents=True)
+    shutil.copy(RUNNERS / "runtests.py", tmp_path / "tests" / "runtests.py")
+    (tmp_path / "tests" / "arith" / "__init__.py").write_text("")
+    rel = "tests/arith/tests.py"
+    p2p = _django_ids(["test_sum_of_two", "test_join_words", "test_length_of_list"], long_ids)
+    p2p.append("A docstring: unittest prints it, the harness keys the test by it.")
+    assert canary.candidate_files(p2p, "", canary.DJANGO) == ["arith/tests.py", rel]
+    got = canary.plan_canaries(
+        {rel: DJANGO_FILE, "arith/tests.py": None}, p2p, random.Random(3), family=canary.DJANGO
+    )
+    assert sorted(c.expect for c in got) == ["fail", "fail", "pass"] and {c.module for c in got} == {
+        "arith.tests"
+    }
+    assert all(c.cloned_from != "test_documented" for c in got)  # keyed by its docstring: not clonable
+    placed = canary.place(got, {rel: DJANGO_FILE})
+    (tmp_path / rel).write_text(placed.writes[rel])
+    run = subprocess.run(
+        [sys.executable, "tests/runtests.py", "--verbosity", "2", rel],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    statuses = parse(run.stderr)
+    assert canary.check_canaries(placed, statuses, run.returncode) is None, run.stderr
+    assert set(canary.without(statuses, placed).values()) == {"PASSED"}
+    assert len(canary.without(statuses, placed)) == 4
+    # a forger that makes every test "ok" is named
+    forged = {k: "PASSED" for k in statuses}
+    assert canary.check_canaries(placed, forged, 0).startswith("runner_tampered")
+
+
+SYMPY_FILE = """\\
+def test_add_small():
+    assert 2 + 3 == 5
+
+
+def test_upper():
+    assert "ab".upper() == "AB"
+
+
+def test_len():
+    assert len("abcd") == 4
+"""
+
+
+def test_sympy_family_canaries_run_under_bin_test_output_and_the_harness_parser(tmp_path):
+    parse = _harness_parser("parse_log_sympy")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "pkg" / "tests").mkdir(parents=True)
+    shutil.copy(RUNNERS / "bin_test.py", tmp_path / "bin" / "test")
+    rel = "pkg/tests/test_small.py"
+    cmd = f"bin/test -C --verbose {rel}"
+    p2p = ["test_add_small", "test_upper", "test_len"]
+    assert canary.candidate_files(p2p, cmd, canary.SYMPY) == [rel]
+    reserved = ["test_add_small_len"]  # another file's test of the same run: no canary may take its name
+    for seed in range(10):
+        got = canary.plan_canaries(
+            {rel: SYMPY_FILE},
+            p2p,
+            random.Random(seed),
+            family=canary.SYMPY,
+            test_command=cmd,
+            reserved=reserved,
+        )
+        assert sorted(c.expect for c in got) == ["fail", "fail", "pass"]
+        assert not {c.name for c in got} & set(reserved)
+    placed = canary.place(got, {})
+    (tmp_path / rel).write_text(SYMPY_FILE)
+    subprocess.run(["bash", "-c", canary.injection(placed)], cwd=tmp_path, check=True)
+    run = subprocess.run(
+        [sys.executable, "bin/test", "-C", "--verbose", rel], cwd=tmp_path, capture_output=True, text=True
+    )
+    statuses = parse(run.stdout)
+    assert canary.check_canaries(placed, statuses, run.returncode) is None, run.stdout
+    assert canary.without(statuses, placed) == {t: "PASSED" for t in p2p}, run.stdout
+    assert canary.check_canaries(placed, {k: "PASSED" for k in statuses}, 0).startswith("runner_tampered")
+
+
+def test_families_by_the_harness_parser():
+    pytest.importorskip("swebench")
+    from swebench.harness.log_parsers import python as parsers
+
+    fams = {name: canary.family_of(fn) for name, fn in vars(parsers).items() if name.startswith("parse_log_")}
+    assert fams["parse_log_django"] == canary.DJANGO and fams["parse_log_sympy"] == canary.SYMPY
+    assert {
+        f for n, f in fams.items() if "pytest" in n or n in ("parse_log_matplotlib", "parse_log_seaborn")
+    } == {canary.PYTEST}
+    assert canary.family_of(None) is None
