@@ -196,40 +196,55 @@ EXPECTED_RUNNER_REFUSAL = {
 }
 
 
-@pytest.fixture(scope="module")
-def local_row(task):
-    """A local template of the task, built once, and its training row."""
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap (bwrap) is not installed")
+@pytest.fixture(scope="module", params=["docker", "local"])
+def attack_row(request, task, tmp_path_factory):
+    """A template of the task on each provider, built once, and its training row."""
     if CLAUDE is None:
         pytest.skip("Claude Code CLI not found")
     from sweflow.sandbox.build import build_and_record
-    from sweflow.sandbox.local import LocalProvider
     from sweflow.sandbox.spec import TemplateSpec
 
-    image = f"sweflow-sample/{INSTANCE}:latest"
-    provider = LocalProvider(task["tmp"] / "attack-templates")
-    spec = TemplateSpec(image=image, claude_binary=task["paths"]["claude"])
-    rec = build_and_record(
-        provider, image, task["tmp"] / "attack-record.json", spec=spec, attempts=1,
-        repo=task["repo"].path, commit=task["inst"]["base_commit"],
-    )  # fmt: skip
+    tmp = tmp_path_factory.mktemp(f"attack-{request.param}")
+    if request.param == "docker":
+        _docker_or_skip()
+        from sweflow.sandbox.docker import DockerProvider
+        from sweflow.sandbox.images import build_base_image, build_sample_images
+
+        build_base_image()
+        [image] = build_sample_images([task["inst"]], repo_path=task["repo"].path)
+        spec = TemplateSpec(
+            image=image, claude_binary=task["paths"]["claude"], runtime_wheel=task["paths"]["wheel"]
+        )
+        provider = DockerProvider()
+        rec = build_and_record(provider, image, tmp / "record.json", spec=spec, attempts=2, backoff=1)
+    else:
+        if shutil.which("bwrap") is None:
+            pytest.skip("bubblewrap (bwrap) is not installed")
+        from sweflow.sandbox.local import LocalProvider
+
+        image = f"sweflow-sample/{INSTANCE}:latest"
+        provider = LocalProvider(tmp / "templates")
+        spec = TemplateSpec(image=image, claude_binary=task["paths"]["claude"])
+        rec = build_and_record(
+            provider, image, tmp / "record.json", spec=spec, attempts=1,
+            repo=task["repo"].path, commit=task["inst"]["base_commit"],
+        )  # fmt: skip
     assert rec["ok"], rec
-    return provider, training_row(task, rec["template"], "local")
+    return provider, training_row(task, rec["template"], request.param)
 
 
-def _play(local_row, tokenizer, name, turns):
+def _play(attack_row, tokenizer, name, turns):
     from sweflow.rollout.e2e import ScriptedPolicy, run_policy
     from sweflow.rollout.types import RolloutConfig
 
-    provider, row = local_row
+    provider, row = attack_row
     policy = ScriptedPolicy(name, turns, tokenizer)
     cfg = RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{name}.")
     return run_policy(row, policy, provider=provider, tokenizer=tokenizer, config=cfg)
 
 
 @pytest.mark.parametrize("attack", sorted(RUNNER_ATTACKS))
-def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, local_row, attack):
+def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, attack_row, attack):
     """Both reach the fresh evaluation through Claude Code's own edits and come back 0 with a named reason.
     (The canaries' side of the same attacks, with the tamper scan off, is test_attacks_runner.py.)"""
     from sweflow.proxy import format_qwen_xml
@@ -243,7 +258,7 @@ def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, local_ro
         format_qwen_xml("Edit", {"file_path": path, "old_string": last, "new_string": last + "\n" + RUNNER_ATTACKS[attack]}),
         "Done.",
     ]  # fmt: skip
-    rep = _play(local_row, tokenizer, attack, turns)
+    rep = _play(attack_row, tokenizer, attack, turns)
     assert rep["patch"]["files"] == ["calclib/__init__.py"], rep
     # refused with a named reason: the canaries (runner_tampered), the tamper scan, or the host grade
     # (the printed lines went to pytest's capture, and the exit left no test in the log)
@@ -260,13 +275,13 @@ def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, local_ro
     ],
 )
 def test_an_agent_that_breaks_patch_extraction_gets_0_not_an_abort(
-    task, tokenizer, local_row, command, reward, reason
+    task, tokenizer, attack_row, command, reward, reason
 ):
     """Issue 25: a failure caused from inside the agent's sandbox is the agent's (it was `aborted`)."""
     from sweflow.proxy import format_qwen_xml
     from sweflow.rollout.e2e import gold_edits, gold_turns
 
-    provider, row = local_row
+    provider, row = attack_row
     row = {**row, "metadata": {**row["metadata"]}}
     opts = dict(row["metadata"].get("backend_options") or {})
     row["metadata"]["backend_options"] = {**opts, "allowed_tools": ["Bash"]}
