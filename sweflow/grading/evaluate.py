@@ -449,6 +449,7 @@ def evaluate_patch(
                 rng=rng,
                 family=family,
                 reserved=_test_names(metadata),
+                fail_to_pass=list(metadata.get("FAIL_TO_PASS") or []),
             )
             host_script = canary.inject(host_script, planted, start)
             timings["canary_s"] = round(time.monotonic() - tc, 3)

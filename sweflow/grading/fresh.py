@@ -169,30 +169,46 @@ def draw_canaries(
     max_files: int = 3,
     family: str = canary.PYTEST,
     reserved: Sequence[str] = (),
+    fail_to_pass: Sequence[str] = (),
     **counts: Any,
 ) -> canary.CanarySet:
     """Canaries cloned from ``passing`` tests (those known to pass without the patch) of up to ``max_files``
-    test files the command runs, read at the base (so no edit of the patch decides what can be cloned),
-    ``test_patch`` applied host-side; placed in the files as the run will find them: a file the test patch
-    writes as the host's apply leaves it, any other as the tree holds it now."""
-    files = canary.candidate_files(list(passing), test_command, family)
-    if not files:
-        return canary.CanarySet()
+    test files the command runs, and near-twins of the ``fail_to_pass`` tests, from the files read at the
+    base (so no edit of the patch decides what can be cloned), ``test_patch`` applied host-side; placed in
+    the files as the run will find them: a file the test patch writes as the host's apply leaves it, any
+    other as the tree holds it now."""
     rng = rng or random.SystemRandom()
+    files = canary.candidate_files(list(passing), test_command, family)
     rng.shuffle(files)
+    twin_files = [
+        f
+        for f in canary.candidate_files(list(fail_to_pass), test_command, family)
+        if f not in files[:max_files]
+    ]
+    wanted = files[: max_files * 2] + twin_files[:4]
+    if not wanted:
+        return canary.CanarySet()
     texts: dict[str, str | None] = {}
-    for path, text in read_at_base(sb, workdir, base, files[: max_files * 2]).items():
-        if (text is not None or f"b/{path}" in test_patch) and len(texts) < max_files:
-            texts[path] = canary.apply_to(path, text, test_patch)  # (a file the test patch creates too)
+    for path, text in read_at_base(sb, workdir, base, wanted).items():
+        if text is not None or f"b/{path}" in test_patch:  # (a file the test patch creates too)
+            if path in twin_files or sum(p not in twin_files for p in texts) < max_files:
+                texts[path] = canary.apply_to(path, text, test_patch)
     planned = canary.plan_canaries(
-        texts, list(passing), rng, family=family, test_command=test_command, reserved=reserved, **counts
+        texts,
+        list(passing),
+        rng,
+        family=family,
+        test_command=test_command,
+        reserved=reserved,
+        fail_to_pass=list(fail_to_pass),
+        **counts,
     )
-    in_class = sorted({c.path for c in planned if c.cls})
-    patched = {p for p in in_class if f"b/{p}" in test_patch}
+    paths = sorted({c.path for c in planned})
+    patched = {p for p in paths if f"b/{p}" in test_patch}
     current = {p: texts[p] for p in patched} | read_current(
-        sb, workdir, [p for p in in_class if p not in patched]
+        sb, workdir, [p for p in paths if p not in patched]
     )
-    return canary.place(planned, current)
+    return canary.place(planned, current, rng)
 
 
 def plant_canaries(sb: Sandbox, workdir: str, canaries: canary.CanarySet | Sequence[canary.Canary]) -> None:

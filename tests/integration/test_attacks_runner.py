@@ -76,7 +76,43 @@ def _runtest(self):
 _p.Function.runtest = _runtest
 """
 
+# the canaries are clones: leave alone every new test whose body (constants and ==/!= masked) matches a test of the
+# committed file, no-op the other new tests (the FAIL_TO_PASS ones, unless they have near-twins too)
+NOOP_NEW_WITHOUT_HEAD_TWIN = """
+import ast as _ast, inspect as _insp, os as _os, subprocess as _sp, textwrap as _tw
+import pytest as _p
+_orig, _seen = _p.Function.runtest, {}
+class _Mask(_ast.NodeTransformer):
+    def visit_Constant(self, node):
+        return _ast.Constant(value=0)
+    def visit_NotEq(self, node):
+        return _ast.Eq()
+def _shape(fn_node):
+    return _ast.dump(_Mask().visit(_ast.Module(body=fn_node.body, type_ignores=[])))
+def _head(path):
+    if path not in _seen:
+        src = _sp.run(["git", "show", "HEAD:" + path], capture_output=True, text=True).stdout
+        try:
+            tree = _ast.parse(src)
+        except SyntaxError:
+            tree = _ast.Module(body=[], type_ignores=[])
+        fns = [n for n in _ast.walk(tree) if isinstance(n, _ast.FunctionDef)]
+        _seen[path] = ({n.name for n in fns}, {_shape(n) for n in fns})
+    return _seen[path]
+def _runtest(self):
+    names, shapes = _head(_os.path.relpath(str(self.path)))
+    if self.originalname in names:
+        return _orig(self)
+    try:
+        node = _ast.parse(_tw.dedent(_insp.getsource(self.obj))).body[0]
+    except (OSError, TypeError, SyntaxError):
+        return _orig(self)
+    return _orig(self) if _shape(node) in shapes else None
+_p.Function.runtest = _runtest
+"""
+
 ATTACKS = {
+    "noop_new_without_head_twin": NOOP_NEW_WITHOUT_HEAD_TWIN,
     "runtest_noop": RUNTEST_NOOP,
     "runtest_noop_obfuscated": RUNTEST_NOOP_OBFUSCATED,
     "collect_print_exit": COLLECT_PRINT_EXIT,
@@ -94,7 +130,13 @@ def _evaluate(env, inst, patch, **kw):
 def test_gold_resolves_with_canaries_planted(env, task):
     res = _evaluate(env, task, task["patch"])
     assert (res.reward, res.failure_reason) == (1.0, None), res.output_tail[-1500:]
-    assert sorted(c["expect"] for c in res.canaries) == ["fail", "fail", "pass"], res.canaries
+    # two clones of PASS_TO_PASS tests that must fail, one that must pass, a near-twin of a FAIL_TO_PASS test
+    assert sorted((c["of"], c["expect"]) for c in res.canaries) == [
+        ("f2p", "fail"),
+        ("p2p", "fail"),
+        ("p2p", "fail"),
+        ("p2p", "pass"),
+    ], res.canaries
     assert all(c["got"] == ("PASSED" if c["expect"] == "pass" else "FAILED") for c in res.canaries)
     # the canaries are the host's: not in the evidence's status map
     assert not {f"{c['path']}::{c['name']}" for c in res.canaries} & set(res.statuses)
@@ -133,6 +175,23 @@ def test_without_canaries_the_noop_patch_would_have_been_paid(env, task):
     """The hole the canaries close: the same patch, canaries off, resolves (so the tests above can fail)."""
     res = _evaluate(env, task, _init_with(env, task, RUNTEST_NOOP), rules=NO_TAMPER_SCAN, canaries=False)
     assert (res.reward, res.failure_reason) == (1.0, None), res.marker
+
+
+def test_without_twins_of_the_fail_to_pass_tests_the_twin_aware_forger_would_be_paid(env, task, monkeypatch):
+    """Clones of PASS_TO_PASS tests alone tell themselves apart by their twin in the committed file; the
+    near-twins of the FAIL_TO_PASS tests are what the forger above cannot tell from the tests it forges."""
+    import functools
+
+    from sweflow.grading import canary
+
+    monkeypatch.setattr(canary, "plan_canaries", functools.partial(canary.plan_canaries, twins=0))
+    res = _evaluate(env, task, _init_with(env, task, NOOP_NEW_WITHOUT_HEAD_TWIN), rules=NO_TAMPER_SCAN)
+    assert res.canaries and not any(c["of"] == "f2p" for c in res.canaries)
+    assert (res.reward, res.failure_reason) == (1.0, None), (
+        res.marker,
+        res.canaries,
+        res.output_tail[-3000:],
+    )
 
 
 def test_files_the_patch_hides_under_ignore_rules_are_re_checked(env, task):

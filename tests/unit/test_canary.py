@@ -163,3 +163,35 @@ def test_a_run_cut_before_its_summary_or_padded_with_passed_lines_is_not_finishe
     forged = section + "PASSED a.py::test_z\n==== 1 failed, 1 passed in 0.10s ====\n"
     assert "says 1 passed, the log has 2 PASSED lines" in canary.runner_finished(forged)
     assert canary.summary_expected("pytest -rA tests/x.py") and not canary.summary_expected("pytest -qq x")
+
+
+def test_near_twins_of_fail_to_pass_tests_fail_without_the_fix_and_with_it(repo):
+    """A FAIL_TO_PASS test's twin (another constant in its last check) fails either way: unfixed at the
+    checks the fix is for, fixed at the changed constant; the real fix still passes its real tests."""
+    dest, task = repo
+    path = "tests/test_tokenizer.py"
+    text = (dest / path).read_text()
+    got = canary.plan_canaries(
+        {path: text}, task["PASS_TO_PASS"], random.Random(5), fail_to_pass=task["FAIL_TO_PASS"]
+    )
+    twins = [c for c in got if c.of == canary.F2P]
+    assert twins and all(c.expect == "fail" for c in twins), got
+    assert {c.cloned_from for c in twins} <= {t.split("::")[1] for t in task["FAIL_TO_PASS"]}
+    assert not any("!=" in c.source for c in twins)  # the opposite check would pass unfixed
+    placed = canary.place(got, {path: text}, random.Random(5))
+    (dest / path).write_text(placed.writes[path])
+    try:
+        unfixed = _pytest(dest, path)
+        subprocess.run(["git", "apply", "-"], cwd=dest, input=task["patch"].encode(), check=True)
+        fixed = _pytest(dest, path)
+        subprocess.run(["git", "apply", "-R", "-"], cwd=dest, input=task["patch"].encode(), check=True)
+    finally:
+        (dest / path).write_text(text)
+    for c in twins:
+        assert unfixed[c.test_id] == "FAILED" and fixed[c.test_id] == "FAILED"
+    assert (
+        canary.check_canaries(placed, fixed, 1) is None and canary.check_canaries(placed, unfixed, 1) is None
+    )
+    assert all(
+        fixed[t] == "PASSED" for t in task["FAIL_TO_PASS"] + task["PASS_TO_PASS"] if t.startswith(path)
+    )

@@ -4,6 +4,7 @@ bin/test output shape, then read by the harness's own parsers."""
 
 from __future__ import annotations
 
+import ast
 import random
 import shutil
 import subprocess
@@ -101,22 +102,32 @@ def test_method_canaries_go_into_their_class_and_run_as_planned(tmp_path, seed):
     assert (tmp_path / rel).read_text() == placed.writes[rel]
 
 
-def test_assert_equal_canaries_change_a_constant_or_negate():
-    edits = set()
+def test_a_check_gets_another_constant_and_the_opposite_only_where_no_constant_can_change():
+    """``!=``/assertNotEqual pass exactly when the original fails (a flaky original makes a flaky canary),
+    so they are the fallback, never the choice where a constant can change."""
+    text = CLASS_FILE + (
+        "\n\nclass PairCase(unittest.TestCase):\n    def test_pair(self):\n"
+        "        self.assertEqual(double(2), double(1) * 2)\n\n    def test_flat(self):\n"
+        "        assert double(4) == double(2) * 2\n"
+    )
+    p2p = CLASS_P2P[3:] + ["tests/test_k.py::PairCase::test_pair", "tests/test_k.py::PairCase::test_flat"]
+    seen = {}
     for seed in range(40):
-        for c in canary.plan_canaries(
-            {"tests/test_k.py": CLASS_FILE}, CLASS_P2P[3:], random.Random(seed), must_pass=0
-        ):
-            if c.expect == "fail":
-                edits.add("assertNotEqual" in c.source)
-                assert c.source.count("self.assert") == 1 and c.cls == "DoublingCase"
-    assert edits == {True, False}
-    # SWE-smith's bug runs (negate=False): never the opposite check
+        for c in canary.plan_canaries({"tests/test_k.py": text}, p2p, random.Random(seed), must_pass=0):
+            assert c.source.count("self.assert") + c.source.count("assert ") >= 1
+            seen.setdefault(c.cloned_from, set()).add(
+                "negated" if ("assertNotEqual" in c.source or "!=" in c.source) else "constant"
+            )
+    assert seen == {
+        "test_setup_value": {"constant"},
+        "test_string_double": {"constant"},
+        "test_pair": {"negated"},
+        "test_flat": {"negated"},
+    }, seen
+    # SWE-smith's bug runs (negate=False): never the opposite check, so no canary from the pair case
     for seed in range(20):
-        got = canary.plan_canaries(
-            {"tests/test_k.py": CLASS_FILE}, CLASS_P2P, random.Random(seed), negate=False
-        )
-        assert not any("assertNotEqual" in c.source or "!=" in c.source for c in got)
+        got = canary.plan_canaries({"tests/test_k.py": text}, p2p, random.Random(seed), negate=False)
+        assert got and not any("assertNotEqual" in c.source or "!=" in c.source for c in got)
 
 
 def test_a_canary_whose_class_is_gone_renamed_or_reindented_is_dropped():
@@ -137,10 +148,26 @@ def test_a_canary_whose_class_is_gone_renamed_or_reindented_is_dropped():
     reindented = CLASS_FILE.replace("\n    ", "\n  ")
     assert not canary.place(got, {"t.py": reindented})
     assert not canary.place(got, {"t.py": "def broken(:\n"})
-    # a module-level canary needs no text: appended
+    # a file whose text is not known (gone from the tree) carries none
     flat = "def test_a():\n    assert 1 + 1 == 2\n"
     mod = canary.plan_canaries({"f.py": flat}, ["f.py::test_a"], must_pass=0)
-    assert canary.place(mod, {}).canaries == tuple(mod) and not canary.place(mod, {}).writes
+    assert mod and canary.place(mod, {}) == canary.CanarySet()
+    assert canary.place(mod, {"f.py": flat}).writes["f.py"].startswith(flat)
+
+
+def test_canaries_sit_among_their_siblings_not_always_last():
+    """A canary always appended (or always at its class's end) would be told by its place in the run."""
+    rel = "tests/test_k.py"
+    where = set()
+    for seed in range(30):
+        rng = random.Random(seed)
+        placed = canary.place(canary.plan_canaries({rel: CLASS_FILE}, CLASS_P2P, rng), {rel: CLASS_FILE}, rng)
+        tree = ast.parse(placed.writes[rel])
+        for c in placed:
+            body = next(n for n in tree.body if getattr(n, "name", "") == c.cls).body
+            names = [n.name for n in body if isinstance(n, ast.FunctionDef)]
+            where.add((c.cls, names.index(c.name) == len(names) - 1))
+    assert {("TestDoubling", False), ("TestDoubling", True), ("DoublingCase", False)} <= where, where
 
 
 def test_a_class_another_class_derives_from_carries_none():
@@ -192,6 +219,7 @@ def test_django_family_canaries_run_under_unittest_and_the_harness_parser(tmp_pa
     }
     assert all(c.cloned_from != "test_documented" for c in got)  # keyed by its docstring: not clonable
     placed = canary.place(got, {rel: DJANGO_FILE})
+    assert len(placed) == 3
     (tmp_path / rel).write_text(placed.writes[rel])
     run = subprocess.run(
         [sys.executable, "tests/runtests.py", "--verbosity", "2", rel],
@@ -244,7 +272,8 @@ def test_sympy_family_canaries_run_under_bin_test_output_and_the_harness_parser(
         )
         assert sorted(c.expect for c in got) == ["fail", "fail", "pass"]
         assert not {c.name for c in got} & set(reserved)
-    placed = canary.place(got, {})
+    placed = canary.place(got, {rel: SYMPY_FILE})
+    assert len(placed) == 3
     (tmp_path / rel).write_text(SYMPY_FILE)
     subprocess.run(["bash", "-c", canary.injection(placed)], cwd=tmp_path, check=True)
     run = subprocess.run(
