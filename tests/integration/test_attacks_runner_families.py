@@ -94,7 +94,7 @@ FAMILIES = {
         "repo": "sweflow/calclib-sympy",
         "parser": "parse_log_sympy",
         "test_cmd": "python bin/test -C --verbose",
-        "files": {"bin/test": (RUNNERS / "bin_test.py").read_text(), "tests/test_tok_sym.py": SYMPY_TESTS},
+        "files": {"bin/test": (RUNNERS / "sympy_bin.py").read_text(), "tests/test_tok_sym.py": SYMPY_TESTS},
         "FAIL_TO_PASS": ["test_scientific_notation"],
         "PASS_TO_PASS": ["test_integer_value", "test_token_count", "test_name_text"],
     },

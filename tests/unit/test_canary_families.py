@@ -255,7 +255,7 @@ def test_sympy_family_canaries_run_under_bin_test_output_and_the_harness_parser(
     parse = _harness_parser("parse_log_sympy")
     (tmp_path / "bin").mkdir()
     (tmp_path / "pkg" / "tests").mkdir(parents=True)
-    shutil.copy(RUNNERS / "bin_test.py", tmp_path / "bin" / "test")
+    shutil.copy(RUNNERS / "sympy_bin.py", tmp_path / "bin" / "test")
     rel = "pkg/tests/test_small.py"
     cmd = f"bin/test -C --verbose {rel}"
     p2p = ["test_add_small", "test_upper", "test_len"]
