@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--system-chars", type=int, default=4000, help="system prompt size (Claude Code's is ~40k)"
     )
+    ap.add_argument(
+        "--token-build",
+        choices=("tito", "render"),
+        default="tito",
+        help="tito: exact ids + the appended messages only; render: the whole conversation per call",
+    )
     ap.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the tiny test tokenizer)")
     args = ap.parse_args(argv)
 
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [f"b{i:03d}" for i in range(args.sessions)]
     failures: list[str] = []
 
-    with ProxyServer(TailEchoEngine(), tok, ProxyConfig()) as proxy:
+    print(f"token build {args.token_build}, system prompt {args.system_chars} characters")
+    with ProxyServer(TailEchoEngine(), tok, ProxyConfig(token_build_mode=args.token_build)) as proxy:
         limits = httpx.Limits(max_connections=args.sessions + 8, max_keepalive_connections=args.sessions + 8)
         admin = {"Authorization": f"Bearer {proxy.admin_token}"}
         with httpx.Client(base_url=proxy.url, timeout=120, limits=limits) as client:

@@ -43,7 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-context-tokens", type=int, default=None)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-drift-tokens", type=int, default=8)
+    p.add_argument("--max-drift-tokens", type=int, default=8, help="render mode only")
+    p.add_argument(
+        "--token-build",
+        choices=["tito", "render"],
+        default="tito",
+        help="tito: each call = the previous call's exact ids + the appended messages (the recipe's)",
+    )
+    p.add_argument(
+        "--token-build-model",
+        choices=["auto", "qwen3_5", "generic"],
+        default="auto",
+        help="the template family appended messages are tokenised with (auto: from the tokenizer)",
+    )
     p.add_argument("--admin-token-file", help="read the admin token from this file")
     p.add_argument(
         "--write-admin-token", metavar="PATH", help="write the admin token to PATH (mode 0600) before serving"
@@ -128,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             max_prompt_tokens=args.max_prompt_tokens,
             chat_template_kwargs=kwargs,
             linearize=LinearizeConfig(max_drift_tokens=args.max_drift_tokens),
+            token_build_mode=args.token_build,
+            token_build_model=args.token_build_model,
         )
         server = ProxyServer(engine, tokenizer, config, host=args.host, port=args.port)
     except (SweflowError, OSError, ValueError) as exc:

@@ -12,6 +12,10 @@ turns usually extend each other (turn k's prompt = turn k-1's prompt + output + 
   the common prefix and continues from the new prompt, so the differing tokens are masked prompt tokens;
 - divergence: anything else (context compaction, a sub-agent, a retry) starts a new sample.
 Aborted turns (the client never saw the answer) are skipped unless asked for.
+
+With token-in/token-out (sweflow.proxy.tito) every turn names its lineage: turns are folded per lineage
+(each lineage's prompts extend each other exactly, so a lineage is one sample and drift never applies) and
+the samples are ordered by their first turn; each sample says its lineage and why the lineage started.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from sweflow.proxy.tito import LineageBook
 
 
 @dataclass
@@ -42,6 +48,10 @@ class Turn:
     # pass-through mode and when ProxyConfig.record_messages is set: what chat-message trajectories use.
     request: dict[str, Any] | None = None
     response: dict[str, Any] | None = None
+    # Token-in/token-out: the lineage the turn extends or starts (None: built by re-rendering) and how its
+    # prompt was built ("append", or why a new lineage started: first, history_rewrite, ...; "render").
+    lineage: int | None = None
+    token_build: str = "render"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +82,8 @@ class _Builder:
         self.turns: list[int] = []
         self.finish_reason = ""
         self.drift_events = 0
+        self.lineage = turn.lineage
+        self.lineage_reason = turn.token_build
         self.add_output(turn)
 
     def add_output(self, turn: Turn) -> None:
@@ -100,6 +112,8 @@ class _Builder:
             "finish_reason": self.finish_reason,
             "turn_indices": self.turns,
             "drift_realignments": self.drift_events,
+            "lineage": self.lineage,
+            "lineage_reason": self.lineage_reason,
         }
 
 
@@ -111,11 +125,23 @@ def linearize(turns: list[Turn], config: LinearizeConfig | None = None) -> list[
     drift_realignments. The three token lists always have equal length.
     """
     cfg = config or LinearizeConfig()
+    kept = [t for t in sorted(turns, key=lambda t: t.index) if cfg.include_aborted or not t.aborted]
+    groups: dict[Any, list[Turn]] = {}
+    for turn in kept:  # token-in/token-out turns fold per lineage; re-rendered turns form one group
+        groups.setdefault(("lineage", turn.lineage) if turn.lineage is not None else "render", []).append(
+            turn
+        )
+    samples: list[_Builder] = []
+    for group in groups.values():
+        samples += _fold(group, cfg)
+    samples.sort(key=lambda b: b.turns[0])
+    return [s.to_dict() for s in samples]
+
+
+def _fold(turns: list[Turn], cfg: LinearizeConfig) -> list[_Builder]:
     samples: list[_Builder] = []
     current: _Builder | None = None
-    for turn in sorted(turns, key=lambda t: t.index):
-        if turn.aborted and not cfg.include_aborted:
-            continue
+    for turn in turns:
         if current is not None:
             seq = current.token_ids
             keep = _common_prefix(seq, turn.prompt_ids)
@@ -126,7 +152,8 @@ def linearize(turns: list[Turn], config: LinearizeConfig | None = None) -> list[
             # and the prompt must reach past the sample (a shorter one is a retry or a fork, not a follow-up).
             drift = len(seq) - keep
             if (
-                drift <= cfg.max_drift_tokens
+                turn.lineage is None
+                and drift <= cfg.max_drift_tokens
                 and keep >= current.prompt_length
                 and len(turn.prompt_ids) >= len(seq)
             ):
@@ -135,7 +162,7 @@ def linearize(turns: list[Turn], config: LinearizeConfig | None = None) -> list[
                 continue
         current = _Builder(turn)
         samples.append(current)
-    return [s.to_dict() for s in samples]
+    return samples
 
 
 class SessionRecord:
@@ -151,6 +178,7 @@ class SessionRecord:
         self._lock = threading.Lock()
         self._tool_inputs: dict[str, dict] = {}
         self._in_flight = 0
+        self.lineages = LineageBook()  # token-in/token-out state (sweflow.proxy.tito)
 
     def enter(self, limit: int | None) -> bool:
         """Count one request in flight unless `limit` are already (None: no limit)."""

@@ -33,6 +33,7 @@ from sweflow.proxy import anthropic as an
 from sweflow.proxy.engines import Engine, EngineTimeout, GenerateResult, SamplingParams
 from sweflow.proxy.handler import HttpError, ProxyHandler, ProxyHTTPServer, check_session_id
 from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn
+from sweflow.proxy.tito import MODES, Plan, SuffixError, SuffixRenderer, suffix_template
 from sweflow.proxy.tokenize import PromptTooLong, TokenizerPool
 from sweflow.proxy.toolcalls import parse_tool_calls
 
@@ -65,6 +66,10 @@ class ProxyConfig:
     # Pass-through: the most requests one session may send upstream (the key pays for them; None: no cap)
     max_session_requests: int | None = None
     max_session_in_flight: int | None = None  # pass-through: requests of one session upstream at once
+    # Token building (sweflow.proxy.tito): "tito" extends each session's exact ids with the appended
+    # messages only; "render" re-renders the whole conversation on every call (folded by prefix + drift).
+    token_build_mode: str = "tito"
+    token_build_model: str = "auto"  # the suffix template's family: auto, qwen3_5, generic
 
 
 def default_stop_ids(tokenizer: Any) -> list[int]:
@@ -110,6 +115,16 @@ class ProxyServer:
         self._tokenizers = (
             TokenizerPool(tokenizer, self.config.tokenizer_copies) if tokenizer is not None else None
         )
+        if self.config.token_build_mode not in MODES:
+            raise ValueError(
+                f"token_build_mode must be one of {', '.join(MODES)}, not {self.config.token_build_mode!r}"
+            )
+        self._suffix: SuffixRenderer | None = None
+        if tokenizer is not None and not self.passthrough and self.config.token_build_mode == "tito":
+            template = suffix_template(self.config.token_build_model, tokenizer)
+            self._suffix = SuffixRenderer(tokenizer, template, self.config.chat_template_kwargs)
+        self._stop_texts = [tokenizer.decode([i]) for i in self.stop_ids] if tokenizer is not None else []
+        self._midlist_role = self.config.midlist_system
         self._gate = threading.Condition()
         self._paused = False
         self._stopping = False
@@ -238,33 +253,76 @@ class ProxyServer:
             self._gate.notify_all()
 
     # ------------------------------------------------------------------ messages
-    def render(self, req: an.MessagesRequest, session: SessionRecord | None = None) -> list[int]:
-        """Request -> prompt token ids through the tokenizer's chat template (with the session's own tool
-        calls restored to what the model wrote)."""
-        tools = an.to_chat_tools(req.tools) or None
-        kwargs = self.config.chat_template_kwargs
+    def _chat(self, req: an.MessagesRequest, session: SessionRecord | None) -> tuple[list[dict], list]:
         messages = session.restore_tool_inputs(req.messages) if session is not None else req.messages
-        chat = an.to_chat_messages(req.system, messages, midlist_system=self.config.midlist_system)
+        chat = an.to_chat_messages(req.system, messages, midlist_system=self._midlist_role)
+        return chat, an.to_chat_tools(req.tools)
+
+    def _render_text(self, chat: list[dict], tools: list) -> str:
+        kwargs = self.config.chat_template_kwargs
+        return self.tokenizer.apply_chat_template(
+            chat, tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+
+    def render_chat(
+        self, req: an.MessagesRequest, session: SessionRecord | None = None
+    ) -> tuple[list[int], list[dict], list]:
+        """Request -> (prompt ids of the whole conversation through the tokenizer's chat template, the chat
+        messages, the chat tools), with the session's own tool calls restored to what the model wrote."""
+        chat, tools = self._chat(req, session)
         try:
-            text = self.tokenizer.apply_chat_template(
-                chat, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
-            )
+            text = self._render_text(chat, tools)
         except Exception as exc:  # jinja raise_exception and friends: the conversation is not renderable
             # Some templates (Qwen3.5) refuse a system message after the first; Claude Code sends them.
-            chat = an.to_chat_messages(req.system, messages, midlist_system="user")
+            if self._midlist_role == "user":
+                raise HttpError(
+                    400, "invalid_request_error", f"chat template rejected the messages: {exc}"
+                ) from exc
+            self._midlist_role = "user"
+            chat, tools = self._chat(req, session)
             try:
-                text = self.tokenizer.apply_chat_template(
-                    chat, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs
-                )
+                text = self._render_text(chat, tools)
             except Exception:
                 raise HttpError(
                     400, "invalid_request_error", f"chat template rejected the messages: {exc}"
                 ) from exc
-            log.info("chat template refused mid-list system messages; rendered them as user messages")
+            log.info("chat template refused mid-list system messages; rendering them as user messages")
         try:
-            return self._tokenizers.encode(text, self.config.max_prompt_tokens)
+            return self._tokenizers.encode(text, self.config.max_prompt_tokens), chat, tools
         except PromptTooLong as exc:
             raise HttpError(413, "request_too_large", str(exc)) from None
+
+    def render(self, req: an.MessagesRequest, session: SessionRecord | None = None) -> list[int]:
+        """Request -> prompt token ids of the whole conversation (see `render_chat`)."""
+        return self.render_chat(req, session)[0]
+
+    def build_prompt(
+        self, req: an.MessagesRequest, rec: SessionRecord
+    ) -> tuple[list[int], Plan | None, list[dict], list]:
+        """The prompt ids of one call: token-in/token-out (the lineage's exact ids + the appended messages'
+        suffix) when the request extends one of the session's lineages, else the whole rendered
+        conversation (a new lineage, `plan.reason` says why). Plan None: token_build_mode "render"."""
+        if self._suffix is None:
+            ids, chat, tools = self.render_chat(req, rec)
+            return ids, None, chat, tools
+        chat, tools = self._chat(req, rec)
+        plan = rec.lineages.plan(chat, tools)
+        if plan.lineage is not None:
+            lin = plan.lineage
+            room = self.config.max_prompt_tokens - len(lin.ids)
+            try:
+                ended = self._stop_texts[self.stop_ids.index(lin.ids[-1])] if lin.ended_with_stop else None
+                text = self._suffix.bridge(self._stop_texts, ended) + self._suffix.suffix(plan.appended)
+                if room <= 0:
+                    raise PromptTooLong(len(lin.ids), self.config.max_prompt_tokens)
+                return lin.ids + self._tokenizers.encode(text, room), plan, chat, tools
+            except PromptTooLong as exc:
+                raise HttpError(413, "request_too_large", str(exc)) from None
+            except SuffixError as exc:
+                log.info("session %s: %s; the call starts a new lineage", rec.session_id, exc)
+                plan = Plan(None, [], exc.reason)
+        ids, chat, tools = self.render_chat(req, rec)
+        return ids, plan, chat, tools
 
     def count_tokens(self, body: Any, headers: Any = None) -> dict:
         req = an.parse_request(body, require_max_tokens=False)
@@ -383,7 +441,7 @@ class ProxyServer:
         req = an.parse_request(body)
         if self.passthrough:
             return self._handle_passthrough(session_id, rec, req, body, headers)
-        prompt_ids = self.render(req, rec)
+        prompt_ids, plan, chat, tools = self.build_prompt(req, rec)
         sampling = self._sampling(req, len(prompt_ids))
         sampling.request_id = session_id
         rendered = time.time()
@@ -393,6 +451,17 @@ class ProxyServer:
         parsed = parse_tool_calls(self.decode(result.output_ids), req.tools)
         blocks = an.content_blocks(parsed.text, parsed.tool_calls) or [{"type": "text", "text": ""}]
         rec.remember_tool_inputs(blocks)
+        lineage, build = None, "render"
+        if plan is not None:
+            output = list(result.output_ids)
+            lineage, build = rec.lineages.commit(
+                plan,
+                chat=chat,
+                tools=tools,
+                answer=an.to_chat_messages(None, [{"role": "assistant", "content": blocks}])[0],
+                ids=prompt_ids + output,
+                ended_with_stop=bool(output) and output[-1] in self.stop_ids,
+            )
         stop_reason = an.stop_reason_for(result.finish_reason, bool(parsed.tool_calls))
         message = an.build_message(
             model=req.model,
@@ -422,6 +491,8 @@ class ProxyServer:
                 for b in blocks
                 if b.get("type") == "tool_use"
             ],
+            lineage=lineage,
+            token_build=build,
         )
         if self.config.record_messages:
             turn.request = _request_record(req)
