@@ -163,6 +163,8 @@ class PolicyRollouts:
         turn_timeout: float | None = None,
         session_prefix: str = "",
         eval_network: dict[str, Any] | None = None,
+        token_build_mode: str = "tito",
+        token_build_model: str = "auto",
     ) -> None:
         self.proxy = ProxyServer(
             engine,
@@ -173,6 +175,8 @@ class PolicyRollouts:
                 temperature=temperature,
                 top_p=top_p,
                 top_k=top_k,
+                token_build_mode=token_build_mode,
+                token_build_model=token_build_model,
             ),
             host=host,
             port=port,

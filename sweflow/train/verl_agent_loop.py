@@ -256,7 +256,11 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     proxy = ProxyServer(
         engine,
         agent_loop.tokenizer,
-        ProxyConfig(**sampling),
+        ProxyConfig(
+            **sampling,
+            token_build_mode=str(proxy_spec.get("build_mode") or "tito"),
+            token_build_model=str(proxy_spec.get("build_model") or "auto"),
+        ),
         host=str(proxy_spec.get("host") or "127.0.0.1"),
         port=int(proxy_spec.get("port") or 0),
     ).start()

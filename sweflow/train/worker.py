@@ -22,12 +22,15 @@ from .launch import SPEC_ENV
 
 
 def proxy_settings(train: Mapping[str, Any]) -> dict[str, Any]:
-    """The `train.proxy` section with its defaults (host, port: 0 = a free one, public_url)."""
+    """The `train.proxy` section with its defaults (host, port: 0 = a free one, public_url, and how prompts
+    are built: build_mode tito | render, build_model auto | qwen3_5 | generic)."""
     proxy = dict(train.get("proxy") or {})
     return {
         "host": proxy.get("host", "127.0.0.1"),
         "port": int(proxy.get("port", 0)),
         "public_url": proxy.get("public_url"),
+        "build_mode": str(proxy.get("build_mode", "tito")),
+        "build_model": str(proxy.get("build_model", "auto")),
     }
 
 
@@ -61,6 +64,8 @@ def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> d
             turn_timeout=recipe.turn_timeout,
             session_prefix=f"{recipe.run}.",
             eval_network=dict(sandbox.get("network") or {}),
+            token_build_mode=proxy["build_mode"],
+            token_build_model=proxy["build_model"],
         )
 
     return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory)

@@ -242,3 +242,22 @@ def test_render_mode_keeps_rerendering(tiny):
     assert out["lineage_reasons"] == ["render"] and out["samples"] == 1
     with pytest.raises(ValueError, match="token_build_mode"):
         ProxyServer(Echo(tiny), tiny, ProxyConfig(token_build_mode="retokenize"))
+
+
+def test_the_production_recipe_builds_prompts_as_the_recipes_proxy_does(qwen):
+    """config/swegym-e2b.yaml -> train.proxy -> the settings the TRL worker and the verl rollout spec pass
+    on: tito with the qwen3_5 family, whose suffix template is TRL's prefix-preserving one."""
+    from sweflow.config import load_config
+    from sweflow.train.worker import proxy_settings
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "swegym-e2b.yaml")
+    proxy = proxy_settings(cfg["train"])
+    assert (proxy["build_mode"], proxy["build_model"]) == ("tito", "qwen3_5")
+    config = ProxyConfig(token_build_mode=proxy["build_mode"], token_build_model=proxy["build_model"])
+    server = ProxyServer(Echo(qwen), qwen, config)
+    try:
+        assert server._suffix.template == tito.trl_template("qwen3_5_think_training")
+    finally:
+        server._httpd.server_close()
+    # the embedded default keeps the schema's default: tito, family read from the tokenizer
+    assert proxy_settings({})["build_mode"] == "tito"
