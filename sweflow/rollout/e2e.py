@@ -12,6 +12,7 @@ produced. Only tasks of the embedded sample have a known gold fix (`sweflow.samp
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 
 from sweflow.errors import DatasetError
 from sweflow.proxy import ProxyConfig, ProxyServer, ScriptedEngine, format_qwen_xml, scripted_logprob
+from sweflow.proxy.handler import HttpError
 from sweflow.rollout.clients import HttpProxyClient
 from sweflow.rollout.dispatcher import Dispatcher
 from sweflow.rollout.evaluator import Evaluator
@@ -170,17 +172,31 @@ def run_policy(
     config: RolloutConfig | None = None,
     evidence: list[dict[str, Any]] | None = None,
     trajectories: list[dict[str, Any]] | None = None,
+    proxy_config: ProxyConfig | None = None,
+    turns_out: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One rollout of `row` with `policy` behind a fresh proxy; the report entry for that policy. The
     grading's evidence record (whole log, status map) is appended to `evidence` when given, and the
-    recorded token samples with the outcome to `trajectories` (what a warm start trains on)."""
+    recorded token samples with the outcome to `trajectories` (what a warm start trains on).
+
+    `proxy_config` defaults to ProxyConfig(max_new_tokens=4096). `turns_out` receives the proxy's recorded
+    turns of the session (with request/response when `proxy_config.record_messages` is set)."""
     engine = ScriptedEngine(policy, tokenizer)
-    with ProxyServer(engine, tokenizer, ProxyConfig(max_new_tokens=4096), host="127.0.0.1", port=0) as proxy:
+    pcfg = proxy_config or ProxyConfig(max_new_tokens=4096)
+    with ProxyServer(engine, tokenizer, pcfg, host="127.0.0.1", port=0) as proxy:
         cfg = config or RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{policy.name}.")
+        if turns_out is not None:  # the dispatcher would free the session before we could read it
+            cfg = dataclasses.replace(cfg, delete_sessions=False)
         client = HttpProxyClient(proxy.url, admin_token=proxy.admin_token)
         dispatcher = Dispatcher(provider, client, evaluator=evaluator, config=cfg)
         result = dispatcher.run_sample(dict(row), 0)
         stop_text = tokenizer.decode([proxy.stop_ids[0]]) if proxy.stop_ids else ""
+        if turns_out is not None:
+            try:
+                turns_out.extend(proxy.read_trajectory(result.session_id).get("turns") or [])
+            except HttpError:  # aborted before the proxy session existed: no turns
+                pass
+            proxy.delete_session(result.session_id)
     if evidence is not None:
         evidence.append(result.evidence_record(policy=policy.name))
     if trajectories is not None:
