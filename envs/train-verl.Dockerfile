@@ -18,9 +18,9 @@ RUN pip install --extra-index-url https://download.pytorch.org/whl/cu130 \
         "ray[default]==2.60.0" \
         tensordict==0.10.0 \
         TransferQueue==0.1.11 \
-        mbridge==0.15.1 \
-        megatron-core==0.16.1 \
-        "megatron-bridge @ git+https://github.com/NVIDIA-NeMo/Megatron-Bridge.git@v0.5.2" \
+        "mbridge @ git+https://github.com/ISEEKYAN/mbridge.git@641a5a01de71080b2200d10e369090e40c9a351c" \
+        megatron-core==0.19.0 \
+        "megatron-bridge @ git+https://github.com/NVIDIA-NeMo/Megatron-Bridge.git@0f113aba4bf625ab31c3a99f771ee24aa97d6dfd" \
         "transformer-engine[pytorch]==2.14.0" \
         flash-linear-attention==0.5.2 \
         nvidia-modelopt==0.44.0 \
