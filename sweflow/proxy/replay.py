@@ -128,7 +128,7 @@ def replay_session(
         traj = proxy.read_trajectory(session_id)
     finally:
         proxy.stop()
-    return summarize(traj, call_s)
+    return session_figures(traj, call_s)
 
 
 def exact_extension(turns: Sequence[dict]) -> bool:
@@ -144,7 +144,7 @@ def exact_extension(turns: Sequence[dict]) -> bool:
     return True
 
 
-def summarize(traj: dict[str, Any], call_s: Sequence[float] = ()) -> dict[str, Any]:
+def session_figures(traj: dict[str, Any], call_s: Sequence[float] = ()) -> dict[str, Any]:
     """The figures of one replayed (or live) session's trajectory."""
     samples, turns = traj["samples"], traj["turns"]
     model_tokens = sum(len(t["output_ids"]) for t in turns if not t.get("aborted"))
