@@ -348,7 +348,8 @@ def _run_verl(recipe, tasks, rows, model_dir, work, train, sandbox, provider, me
             "session_prefix": f"{recipe.run}.",
         },
         "sampling": {
-            "max_new_tokens": recipe.max_response_tokens,
+            "max_new_tokens": recipe.max_response_tokens,  # per call
+            "max_context_tokens": recipe.max_context_tokens,
             "temperature": recipe.temperature,
             "top_p": recipe.top_p,
             "top_k": recipe.top_k,

@@ -2,14 +2,16 @@
 
 - `group_advantages`: A_i = (r_i - mean_g) / (std_g + eps) over each group's *valid* samples (std unbiased);
   aborted samples and groups left with fewer than 2 valid samples get 0 (no gradient).
-- `whiten`: optional batch whitening of token advantages over the loss tokens (masked mean, Bessel variance).
+- `whiten`: batch whitening of token advantages over the loss tokens (masked mean, Bessel variance, eps 1e-8),
+  the recipe's second step after `group_advantages` (slime's --normalize-advantages).
 - `tis_weights`: token TIS w_t = clamp(exp(logp_old - logp_rollout), 0, cap), no gradient.
 - `k3_kl`: low_var_kl with d = logp_ref - logp: exp(d) - 1 - d, clamped to [-10, 10].
 - `ppo_clip_loss`: max(-A r, -A clamp(r, 1 - eps_low, 1 + eps_high)), r = exp(logp - logp_old).
 - `per_sample_mean`: mean over each sample's loss tokens, then over samples.
 - `grpo_loss`: the recipe's loss from those pieces, with the per-step statistics the metrics report.
-The TRL engine computes its loss with `grpo_loss`; verl's own core_algos are configured to the same formulas
-(tests check both against numbers computed from the formulas).
+The TRL engine computes its loss with `grpo_loss`; verl's own core_algos are configured to the same formulas,
+and verl's advantages with whitening come from `group_advantages` + `whiten` too (sweflow.train.verl_advantage;
+tests check both against numbers computed from the formulas).
 """
 
 from __future__ import annotations
@@ -47,12 +49,18 @@ def group_advantages(
     return out
 
 
-def whiten(values: Any, mask: Any, eps: float = 1e-8) -> Any:
-    """(values - masked mean) / sqrt(masked Bessel variance + eps), zero outside the mask."""
+def whiten(values: Any, mask: Any, eps: float = 1e-8, *, all_reduce: Any = None) -> Any:
+    """(values - masked mean) / sqrt(masked Bessel variance + eps), zero outside the mask.
+
+    `all_reduce(t) -> t` sums a tensor over the processes that share the batch (e.g. accelerate's
+    `reduce(t, "sum")`), so each one whitens its share with the statistics of the whole batch."""
+    import torch
+
+    total = all_reduce or (lambda t: t)
     mask = mask.to(values.dtype)
-    n = mask.sum()
-    mean = (values * mask).sum() / n
-    var = (((values - mean) ** 2) * mask).sum() / (n - 1).clamp(min=1)
+    n, s = total(torch.stack([mask.sum(), (values * mask).sum()]))
+    mean = s / n
+    var = total((((values - mean) ** 2) * mask).sum()) / (n - 1).clamp(min=1)
     return (values - mean) * (var + eps).rsqrt() * mask
 
 

@@ -57,7 +57,7 @@ class Recipe:
     optim: Optim = field(default_factory=Optim)
     norm_adv_by_std: bool = True
     adv_eps: float = 1e-6
-    batch_whiten: bool = False
+    batch_whiten: bool = True
     tis_level: str = "token"  # "token" or "off"
     tis_cap: float = 2.0
     kl_type: str = "low_var_kl"
@@ -69,9 +69,9 @@ class Recipe:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    max_prompt_tokens: int = 32768
-    max_response_tokens: int = 16000
-    max_turn_tokens: int | None = None
+    max_context_tokens: int = 65536  # a call's prompt + max_tokens; a trained sample (one lineage)
+    max_prompt_tokens: int = 32768  # a sample's first prompt
+    max_response_tokens: int = 16000  # one model call's output
     parallel: Parallel = field(default_factory=Parallel)
     max_concurrency: int = 8
     turn_timeout: float | None = None
@@ -124,9 +124,9 @@ class Recipe:
             temperature=float(t["sampling"]["temperature"]),
             top_p=float(t["sampling"]["top_p"]),
             top_k=int(t["sampling"]["top_k"]),
+            max_context_tokens=int(t["max_context_tokens"]),
             max_prompt_tokens=int(t["max_prompt_tokens"]),
             max_response_tokens=int(t["max_response_tokens"]),
-            max_turn_tokens=t.get("max_turn_tokens"),
             parallel=Parallel(
                 nodes=int(p["nodes"]),
                 gpus_per_node=int(p["gpus_per_node"]),
@@ -164,6 +164,16 @@ def check_recipe(r: Recipe) -> None:
         )
     if r.clip_high < r.clip_low:
         raise _bad("clip.high", f"{r.clip_high} is below clip.low {r.clip_low}")
+    if r.max_response_tokens >= r.max_context_tokens:
+        raise _bad(
+            "max_response_tokens",
+            f"{r.max_response_tokens} leaves no room for a prompt in max_context_tokens {r.max_context_tokens}",
+        )
+    if r.max_prompt_tokens >= r.max_context_tokens:
+        raise _bad(
+            "max_prompt_tokens",
+            f"{r.max_prompt_tokens} leaves no room for a response in max_context_tokens {r.max_context_tokens}",
+        )
     if r.save_every > r.total_steps:
         raise _bad("save_every", f"{r.save_every} is more than total_steps {r.total_steps}")
     if r.engine == "trl":
@@ -214,14 +224,16 @@ def _check_verl(r: Recipe) -> None:
             f"tensor {p.tensor} x context {p.context} does not divide the {p.world_size} GPUs of "
             f"{p.nodes} node(s) x {p.gpus_per_node}",
         )
-    if r.batch_whiten:
-        raise _bad(
-            "advantage.batch_whiten",
-            "verl's GRPO estimator normalises per group only",
-            "use engine trl for batch whitening, or false",
-        )
     if r.adv_eps != 1e-6:
         raise _bad("advantage.eps", f"verl's GRPO estimator uses eps 1e-6, not {r.adv_eps:g}")
+    per_gpu = (r.verl.get("memory") or {}).get("tokens_per_gpu")
+    if per_gpu and r.max_context_tokens > int(per_gpu) * p.context:
+        raise _bad(
+            "verl.memory.tokens_per_gpu",
+            f"{per_gpu} tokens per GPU x context {p.context} = {int(per_gpu) * p.context} cannot hold one "
+            f"sample of max_context_tokens {r.max_context_tokens}",
+            "the recipe's context window is tokens_per_gpu x parallel.context",
+        )
     dp = p.world_size // (p.tensor * p.context)
     if r.global_batch % dp:
         raise _bad(

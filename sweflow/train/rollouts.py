@@ -40,7 +40,7 @@ class Completion:
     truncated: bool
 
 
-def completion_of(result: RolloutResult, *, max_response_tokens: int, pad_id: int) -> Completion:
+def completion_of(result: RolloutResult, *, max_context_tokens: int, pad_id: int) -> Completion:
     """The session's last linearised sample (the one its reward belongs to) as prompt + completion.
 
     Earlier segments of a split session are not trained on by a one-completion-per-prompt trainer (the
@@ -54,8 +54,9 @@ def completion_of(result: RolloutResult, *, max_response_tokens: int, pad_id: in
     cut = int(s["prompt_length"])
     ids, mask, lps = s["token_ids"], s["loss_mask"], s["rollout_logprobs"]
     comp, env, lp = list(ids[cut:]), [int(m) for m in mask[cut:]], [float(x) for x in lps[cut:]]
-    truncated = len(comp) > max_response_tokens
-    comp, env, lp = comp[:max_response_tokens], env[:max_response_tokens], lp[:max_response_tokens]
+    room = max(0, max_context_tokens - cut)  # the whole sample fits the context window
+    truncated = len(comp) > room
+    comp, env, lp = comp[:room], env[:room], lp[:room]
     if not comp or not any(env):
         return Completion([pad_id], [pad_id], [0.0], [0], False, len(samples), truncated)
     return Completion(list(ids[:cut]), comp, lp, env, True, len(samples), truncated)

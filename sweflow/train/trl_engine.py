@@ -92,7 +92,7 @@ def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int 
         steps_per_generation=per_generation,
         num_iterations=1,
         max_steps=r.total_steps * r.updates_per_step,
-        max_completion_length=r.max_response_tokens,
+        max_completion_length=r.max_context_tokens - 1,  # a sample after its first prompt token
         temperature=r.temperature,
         top_p=r.top_p,
         top_k=r.top_k,
@@ -189,7 +189,7 @@ def _trainer_class() -> type:
             rollout_s = time.monotonic() - t0
             pad = self.processing_class.pad_token_id
             comps: list[Completion] = [
-                completion_of(r, max_response_tokens=self.recipe.max_response_tokens, pad_id=pad)
+                completion_of(r, max_context_tokens=self.recipe.max_context_tokens, pad_id=pad)
                 for r in results
             ]
             self._valid = [c.valid for c in comps]
@@ -250,7 +250,12 @@ def _trainer_class() -> type:
             out["sweflow_sample_weight"] = valid_local.to(torch.float32) * scale
             if self.recipe.batch_whiten:
                 mask = out["completion_mask"] * out.get("tool_mask", torch.ones_like(out["completion_mask"]))
-                local = whiten(local.unsqueeze(1).expand(mask.shape).clone(), mask)
+                # statistics of the whole step: every process's loss tokens (a sum over processes)
+                local = whiten(
+                    local.unsqueeze(1).expand(mask.shape).clone(),
+                    mask,
+                    all_reduce=lambda t: self.accelerator.reduce(t, reduction="sum"),
+                )
             out["advantages"] = local
             return out
 

@@ -23,7 +23,8 @@ turns, token counts; no patch, no tokens) to `<$SWEFLOW_ROLLOUT_LOG>/<host>-<pid
 
 Outputs: one AgentLoopOutput per linearised proxy sample (a compacted or forked session gives several;
 verl computes GRPO from the session's final output and gives the earlier ones its advantage), with the
-response (and its mask and logprobs) cut to rollout.response_length. Aborted samples return an EMPTY
+response (and its mask and logprobs) cut so the sample holds at most the context window
+(rollout.max_model_len, i.e. train.max_context_tokens) and rollout.response_length. Aborted samples return an EMPTY
 list: verl's v1 worker then stores nothing for that session, so the sample is neither trained on nor
 scored 0 and its group is normalised over the samples that finished (a group of one keeps its raw
 reward: verl's mean-0/std-1 convention). They are counted by reason in `ABORTED` and the rollout log.
@@ -247,7 +248,7 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     rc = agent_loop.rollout_config
     sampling = {
         "max_new_tokens": int(rc.response_length),
-        "max_context_tokens": int(rc.prompt_length) + int(rc.response_length),
+        "max_context_tokens": context_length(rc),
         "temperature": float(rc.temperature),
         "top_p": float(rc.top_p),
         "top_k": max(int(rc.top_k), 0),
@@ -326,11 +327,19 @@ def _finite(x: Any) -> float:
     return v if math.isfinite(v) else 0.0
 
 
+def context_length(rollout_config: Any) -> int:
+    """The context window of a rollout config: max_model_len, else prompt + response slots."""
+    declared = getattr(rollout_config, "max_model_len", None)
+    slots = int(rollout_config.prompt_length) + int(rollout_config.response_length)
+    return int(declared) if declared else slots
+
+
 def sample_outputs(
     result: RolloutResult,
     *,
     response_length: int,
     prompt_length: int,
+    context: int | None = None,
     versions: tuple[int | None, int | None] = (None, None),
     fallback_version: int = 0,
     extra: Mapping[str, Any] | None = None,
@@ -338,8 +347,9 @@ def sample_outputs(
     """verl outputs for a finished sample, and why it is dropped instead (None: it is trained on).
 
     Aborted -> no outputs (reason: its failure_reason). Each proxy sample: prompt = its first prompt, the
-    rest is the response (masked-out tool-output tokens carry logprob 0.0), cut to `response_length`. A
-    sample whose prompt exceeds `prompt_length` is left out (cutting it would change the context).
+    rest is the response (masked-out tool-output tokens carry logprob 0.0), cut to `response_length` and so
+    the whole sample holds at most `context` tokens. A sample whose prompt exceeds `prompt_length` is left
+    out (cutting it would change the context).
     """
     if result.aborted:
         return [], str(result.failure_reason or "aborted")
@@ -355,14 +365,13 @@ def sample_outputs(
         if pl > prompt_length:
             log.warning("sample %s: prompt of %d tokens > %d, left out", result.session_id, pl, prompt_length)
             continue
-        rmask = [int(m) for m in mask[pl:]][:response_length]
-        rlps = [_finite(lp) if m else 0.0 for lp, m in zip(lps[pl:], mask[pl:], strict=True)][
-            :response_length
-        ]
+        room = response_length if context is None else max(0, min(response_length, int(context) - pl))
+        rmask = [int(m) for m in mask[pl:]][:room]
+        rlps = [_finite(lp) if m else 0.0 for lp, m in zip(lps[pl:], mask[pl:], strict=True)][:room]
         outputs.append(
             AgentLoopOutput(
                 prompt_ids=ids[:pl],
-                response_ids=ids[pl:][:response_length],
+                response_ids=ids[pl:][:room],
                 response_mask=rmask,
                 response_logprobs=rlps,
                 reward_score=reward,
@@ -384,7 +393,7 @@ def sample_outputs(
                         "aborted": False,
                         "sample": index,
                         "samples": len(samples),
-                        "truncated": len(ids) - pl > response_length,
+                        "truncated": len(ids) - pl > room,
                         **dict(extra or {}),
                     },
                 },
@@ -442,6 +451,7 @@ class SweflowAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.response_length = int(self.rollout_config.response_length)
         self.prompt_length = int(self.rollout_config.prompt_length)
+        self.context_length = context_length(self.rollout_config)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> list[AgentLoopOutput]:
         raw = _plain(kwargs.get("sweflow_row"))
@@ -468,6 +478,7 @@ class SweflowAgentLoop(AgentLoopBase):
             result,
             response_length=self.response_length,
             prompt_length=self.prompt_length,
+            context=self.context_length,
             versions=versions,
             # sync training: step k samples with the weights of step k - 1
             fallback_version=max((step or 1) - 1, 0),

@@ -35,6 +35,10 @@ AGENT_LOOP_TARGET = "sweflow.train.verl_agent_loop.SweflowAgentLoop"
 CONFIG_NAME = "ppo_megatron_trainer"
 # "Per-sample mean": mean over each sample's loss tokens, then over samples.
 LOSS_AGG_MODE = "seq-mean-token-mean"
+# The recipe's advantages (group normalisation, then batch whitening) as a verl estimator: the module that
+# registers it, loaded into every verl process through $VERL_USE_EXTERNAL_MODULES (verl/__init__.py).
+WHITEN_ESTIMATOR = "sweflow_grpo_whiten"
+WHITEN_MODULE = "sweflow.train.verl_advantage"
 _PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+\Z")
 
 
@@ -87,7 +91,8 @@ def verl_overrides(
     files = lambda f: [f] if isinstance(f, str) else list(f)  # noqa: E731
     kv: list[tuple[str, Any]] = [
         # algorithm: group-normalised GRPO, KL as a loss (never in the reward), token TIS, no rejection
-        ("algorithm.adv_estimator", "grpo"),
+        # group normalisation, then (batch_whiten) whitening over the batch: sweflow's registered estimator
+        ("algorithm.adv_estimator", WHITEN_ESTIMATOR if r.batch_whiten else "grpo"),
         ("algorithm.norm_adv_by_std_in_grpo", r.norm_adv_by_std),
         ("algorithm.use_kl_in_reward", False),
         ("algorithm.rollout_correction.rollout_is", "token" if r.tis_level == "token" else None),
@@ -99,8 +104,11 @@ def verl_overrides(
         ("data.train_files", files(train_files)),
         ("data.val_files", files(val_files)),
         ("data.train_batch_size", r.prompts_per_step),
+        # lengths: a sample's first prompt in the prompt slots, the rest (up to the context window) in the
+        # response slots; the agent loop cuts a sample at max_context_tokens, the proxy each call at
+        # max_response_tokens (the rollout spec's sampling)
         ("data.max_prompt_length", r.max_prompt_tokens),
-        ("data.max_response_length", r.max_response_tokens),
+        ("data.max_response_length", r.max_context_tokens),
         ("data.seed", r.seed),
         ("actor_rollout_ref.model.path", model_path),
         # actor: one update of global_batch samples per step
@@ -127,6 +135,12 @@ def verl_overrides(
         (f"{a}.megatron.sequence_parallel", p.tensor > 1),
         (f"{a}.megatron.use_mbridge", True),
         (f"{a}.megatron.seed", r.seed),
+        # Gated DeltaNet (Qwen3.5) in Megatron: no padding removal (thd) and mbridge's own provider, as
+        # verl's Qwen3.5 Megatron example sets them (Megatron-Bridge's provider turns on per-token loss
+        # with context parallelism, which verl's loss does not expect)
+        ("actor_rollout_ref.model.use_remove_padding", False),
+        (f"{a}.megatron.use_remove_padding", False),
+        (f"{a}.megatron.vanilla_mbridge", True),
         (f"{ref}.log_prob_micro_batch_size_per_gpu", micro),
         # rollout: vLLM servers driven by sweflow's agent loop; logprobs recorded for TIS
         (f"{ro}.name", "vllm"),
@@ -138,7 +152,7 @@ def verl_overrides(
         (f"{ro}.top_k", r.top_k if r.top_k > 0 else -1),
         (f"{ro}.gpu_memory_utilization", float(extra.get("gpu_memory_utilization", 0.6))),
         (f"{ro}.tensor_model_parallel_size", rollout_tp),
-        (f"{ro}.max_model_len", r.max_prompt_tokens + r.max_response_tokens),
+        (f"{ro}.max_model_len", r.max_context_tokens),
         (f"{ro}.log_prob_micro_batch_size_per_gpu", micro),
         (f"{ro}.seed", r.seed),
         (f"{ro}.agent.default_agent_loop", AGENT_LOOP_NAME),
@@ -163,12 +177,63 @@ def verl_overrides(
         ("trainer.val_before_train", False),
         ("trainer.test_freq", -1),
     ]
+    kv += _memory_overrides(recipe, micro)
     if megatron_ckpt:
         for section in (a, ref):
             kv.append((f"{section}.megatron.use_dist_checkpointing", True))
             kv.append((f"{section}.megatron.dist_checkpointing_path", megatron_ckpt))
     out = [f"{k}={_hydra_value(v)}" for k, v in kv]
     return out + [str(x) for x in extra.get("overrides") or []]
+
+
+def _memory_overrides(recipe: Recipe, micro: int) -> list[tuple[str, Any]]:
+    """The launcher's memory and throughput settings (`train.verl.memory`) as verl's Megatron knobs.
+
+    full recompute, uniform, n layers -> Megatron's recompute_granularity/method/num_layers (actor); dynamic batch of n tokens per GPU -> use_dynamic_bsz + *_max_token_len_per_gpu (verl
+    multiplies by context parallelism); optimizer CPU offload + precision-aware optimizer -> Megatron's
+    optimizer_cpu_offload (all of it: fraction 1) with overlap, verl's optim.use_precision_aware_optimizer; log-prob chunks ->
+    entropy_from_logits_with_chunking (log-probs already come from vocab-parallel cross-entropy per chunk
+    of the sequence, never a full softmax).
+    """
+    mem = dict((recipe.verl or {}).get("memory") or {})
+    a, ref, ro = "actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout"
+    kv: list[tuple[str, Any]] = []
+    recompute = mem.get("recompute", "off")
+    t = f"{a}.megatron.override_transformer_config"  # the reference only runs forward: nothing to recompute
+    if recompute == "full":
+        kv += [
+            (f"{t}.recompute_granularity", "full"),
+            (f"{t}.recompute_method", "uniform"),
+            (f"{t}.recompute_num_layers", int(mem.get("recompute_layers", 1))),
+        ]
+    elif recompute == "selective":
+        kv += [(f"{t}.recompute_granularity", "selective")]
+    per_gpu = mem.get("tokens_per_gpu")
+    kv += [(f"{a}.use_dynamic_bsz", bool(per_gpu)), (f"{ref}.log_prob_use_dynamic_bsz", bool(per_gpu))]
+    kv += [(f"{ro}.log_prob_use_dynamic_bsz", bool(per_gpu))]
+    if per_gpu:
+        kv += [
+            (f"{a}.ppo_max_token_len_per_gpu", int(per_gpu)),
+            (f"{ref}.log_prob_max_token_len_per_gpu", int(per_gpu)),
+            (f"{ro}.log_prob_max_token_len_per_gpu", int(per_gpu)),
+        ]
+    if mem.get("optimizer_offload"):
+        o = f"{a}.optim.override_optimizer_config"
+        kv += [
+            (f"{a}.megatron.optimizer_offload", False),  # verl's own offload moves states between steps
+            (f"+{o}.optimizer_cpu_offload", True),
+            (f"+{o}.optimizer_offload_fraction", 1.0),
+            (f"+{o}.overlap_cpu_optimizer_d2h_h2d", True),
+        ]
+    # verl's own switch (it also sets the moments' and main grads' dtypes, fp32 here: the recipe's numerics)
+    kv += [(f"{a}.optim.use_precision_aware_optimizer", bool(mem.get("precision_aware_optimizer")))]
+    if mem.get("logprob_chunk"):
+        for section in (a, ref):
+            kv += [
+                (f"{section}.entropy_from_logits_with_chunking", True),
+                (f"{section}.entropy_from_logits_chunk_size", int(mem["logprob_chunk"])),
+            ]
+    return kv
 
 
 def agent_loop_config_yaml(name: str = AGENT_LOOP_NAME, target: str = AGENT_LOOP_TARGET) -> str:
@@ -255,8 +320,12 @@ def launch_script(
     nodes = recipe.parallel.nodes
     gpus = recipe.parallel.gpus_per_node
     q = shlex.quote
-    exports = "\n".join(f"export {k}={q(str(v))}" for k, v in sorted((env or {}).items()))
-    for k in env or {}:
+    env = dict(env or {})
+    if recipe.batch_whiten:  # every verl process (the driver computes advantages) registers the estimator
+        modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(dict.fromkeys([*modules, WHITEN_MODULE]))
+    exports = "\n".join(f"export {k}={q(str(v))}" for k, v in sorted(env.items()))
+    for k in env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
             raise ConfigError(f"{k!r} is not an environment variable name", field="train.verl")
     args = " \\\n  ".join(q(o) for o in overrides)

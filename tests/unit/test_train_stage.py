@@ -96,6 +96,8 @@ def test_the_verl_run_writes_its_inputs_launches_once_and_publishes_metrics_and_
                 "total_steps": 1,
                 "save_every": 1,
                 "parallel": {"gpus_per_node": 2, "tensor": 2},
+                "max_context_tokens": 16384,  # one GPU's 16,384 tokens without context parallelism
+                "max_prompt_tokens": 8192,
             },
         },
         {},

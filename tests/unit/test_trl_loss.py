@@ -326,10 +326,16 @@ def _group_reference():
 
 
 def test_sweflow_advantages_are_group_advantages_over_valid_samples(trainer):
+    """Group-only (advantage.batch_whiten false); the default whitens after this (the next test)."""
     trainer._valid, trainer._rewards = list(VALID), list(REWARDS)
     out = _out()
     before = out["completion_mask"].clone()
-    res = trainer._sweflow_advantages(out)
+    recipe = trainer.recipe
+    trainer.recipe = dataclasses.replace(recipe, batch_whiten=False)
+    try:
+        res = trainer._sweflow_advantages(out)
+    finally:
+        trainer.recipe = recipe
     adv = res["advantages"].tolist()
     want = _group_reference()
     assert adv == pytest.approx(want, rel=1e-6, abs=1e-7)

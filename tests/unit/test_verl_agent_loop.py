@@ -57,13 +57,9 @@ class ScriptedServerManager:
         )
 
 
-@pytest.fixture(scope="module")
-def trainer_config():
+def composed_config(**lengths):
     recipe = Recipe(
-        engine="verl",
-        max_prompt_tokens=64,
-        max_response_tokens=12,
-        parallel=Parallel(nodes=1, gpus_per_node=8, tensor=2, context=1),
+        engine="verl", parallel=Parallel(nodes=1, gpus_per_node=8, tensor=2, context=1), **lengths
     )
     return compose_verl_config(
         verl_overrides(
@@ -75,6 +71,18 @@ def trainer_config():
             agent_loop_config="/o/loops.yaml",
         )
     )
+
+
+@pytest.fixture(scope="module")
+def trainer_config():
+    # a sample: its first prompt + at most 13 - prompt tokens after it; 12 tokens per call (the spec's)
+    return composed_config(max_context_tokens=13, max_prompt_tokens=8, max_response_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def roomy_config():
+    """Room for a real chat template's prompt."""
+    return composed_config(max_context_tokens=4096, max_prompt_tokens=2048, max_response_tokens=64)
 
 
 @pytest.fixture(autouse=True)
@@ -194,7 +202,7 @@ def test_a_session_the_proxy_split_gives_one_output_per_sample(trainer_config):
     assert [o.extra_fields["sweflow"]["sample"] for o in outs] == [0, 1]
 
 
-def test_a_long_response_is_cut_to_the_configured_length(trainer_config):
+def test_a_long_sample_is_cut_to_the_context_window(trainer_config):
     sm = ScriptedServerManager([[11, 12, 13, 14, 15, 16, 17, 2], [20, 21, 22, 23, 2]])
 
     def sample(engine, row, g, prefix):
@@ -202,7 +210,10 @@ def test_a_long_response_is_cut_to_the_configured_length(trainer_config):
         return RolloutResult("o__r-1", g, session, "completed", None, reward=1.0, samples=samples)
 
     (out,) = run_loop(trainer_config, sm, sample)
-    assert trainer_config.actor_rollout_ref.rollout.response_length == 12
+    rollout = trainer_config.actor_rollout_ref.rollout
+    assert rollout.max_model_len == rollout.response_length == 13  # the context window
+    # the whole sample holds 13 tokens: the 1-token prompt and 12 after it
+    assert len(out.prompt_ids) + len(out.response_ids) == 13
     assert len(out.response_ids) == len(out.response_mask) == len(out.response_logprobs) == 12
     assert out.response_mask == [1] * 8 + [0, 0, 0] + [1]
     assert out.extra_fields["sweflow"]["truncated"] is True
@@ -245,7 +256,7 @@ def test_the_rollout_log_has_one_line_per_finished_sample(trainer_config, tmp_pa
     assert rec["prompt_tokens"] == 2 and rec["response_tokens"] == 4  # [11, 2] and [13, 2] are model tokens
 
 
-def test_the_real_proxy_bridges_anthropic_requests_to_the_server_manager(trainer_config):
+def test_the_real_proxy_bridges_anthropic_requests_to_the_server_manager(roomy_config):
     """A real ProxyServer over the ServerManagerEngine: an Anthropic Messages request becomes a sticky
     server-manager call (request id = the proxy session) and the recorded sample becomes the output."""
     anthropic = pytest.importorskip("anthropic")
@@ -284,7 +295,7 @@ def test_the_real_proxy_bridges_anthropic_requests_to_the_server_manager(trainer
         return val.Runtime(engine, run_sample, pool, closers=[proxy.stop])
 
     async def main():
-        agent = instantiate(trainer_config, sm, tok)
+        agent = instantiate(roomy_config, sm, tok)
         return await agent.run(
             dict(VERL_SAMPLING), sweflow_row=json.dumps(ROW), uid="u", session_id=0, global_steps=1
         )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -10,41 +12,24 @@ pytest.importorskip("verl")
 
 from hydra.errors import ConfigCompositionException, InstantiationException  # noqa: E402
 
-from sweflow.train.recipe import Optim, Parallel, Recipe, check_recipe  # noqa: E402
+from sweflow.config import load_config  # noqa: E402
+from sweflow.errors import ConfigError  # noqa: E402
+from sweflow.train.recipe import Parallel, Recipe, check_recipe  # noqa: E402
 from sweflow.train.verl_engine import (  # noqa: E402
     AGENT_LOOP_NAME,
+    WHITEN_ESTIMATOR,
     agent_loop_config_yaml,
     compose_verl_config,
     launch_script,
     verl_overrides,
 )
 
+RECIPE = Path(__file__).resolve().parents[2] / "config" / "swegym-e2b.yaml"
+
 
 def production_recipe(**kw) -> Recipe:
-    """REFERENCE "Training defaults"."""
-    base = dict(
-        engine="verl",
-        run="swegym-qwen35",
-        prompts_per_step=8,
-        samples_per_prompt=16,
-        global_batch=128,
-        total_steps=500,
-        save_every=10,
-        optim=Optim(lr=1e-6, betas=(0.9, 0.98), weight_decay=0.1, grad_clip=1.0, warmup_steps=0),
-        tis_level="token",
-        tis_cap=2.0,
-        kl_type="low_var_kl",
-        kl_coef=0.001,
-        clip_low=0.2,
-        clip_high=0.28,
-        entropy_coef=0.0,
-        temperature=1.0,
-        max_response_tokens=16000,
-        parallel=Parallel(nodes=4, gpus_per_node=8, tensor=2, context=4),
-        verl={"gpu_memory_utilization": 0.6, "ray_port": 6379, "overrides": []},
-    )
-    base.update(kw)
-    return Recipe(**base)
+    """The production recipe as config/swegym-e2b.yaml states it (schema defaults filled), `kw` replaced."""
+    return dataclasses.replace(Recipe.from_config(load_config(RECIPE)["train"]), **kw)
 
 
 def overrides_for(recipe: Recipe, tmp: str = "/runs/x") -> list[str]:
@@ -66,9 +51,13 @@ def composed():
 
 
 def test_production_overrides_compose_and_carry_the_recipe(composed):
+    """The composed verl config of config/swegym-e2b.yaml carries the launcher's settings (REFERENCE
+    "Training defaults"), not verl's defaults."""
     c = composed
     alg, actor, rollout = c.algorithm, c.actor_rollout_ref.actor, c.actor_rollout_ref.rollout
-    assert alg.adv_estimator == "grpo" and alg.norm_adv_by_std_in_grpo is True
+    ref = c.actor_rollout_ref.ref
+    # group normalisation then whitening over the batch: sweflow's estimator in verl's registry
+    assert alg.adv_estimator == WHITEN_ESTIMATOR and alg.norm_adv_by_std_in_grpo is True
     assert alg.use_kl_in_reward is False
     rc = alg.rollout_correction
     assert (rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.bypass_mode) == (
@@ -90,10 +79,31 @@ def test_production_overrides_compose_and_carry_the_recipe(composed):
     m = actor.megatron
     assert (m.tensor_model_parallel_size, m.context_parallel_size) == (2, 4)
     assert m.sequence_parallel is True and m.use_mbridge is True
-    assert c.actor_rollout_ref.ref.megatron.context_parallel_size == 4  # the reference follows the actor
+    assert ref.megatron.context_parallel_size == 4  # the reference follows the actor
+    # Gated DeltaNet: no padding removal, mbridge's own Qwen3.5 provider
+    assert c.actor_rollout_ref.model.use_remove_padding is False and m.use_remove_padding is False
+    assert m.vanilla_mbridge is True
+    # lengths: context 16,384 x CP 4 = 65,536 (vLLM's max_model_len; the response slots hold a whole
+    # sample after its first prompt), 16,000 per call (the rollout spec's sampling, not verl's)
+    assert rollout.max_model_len == 65536 == actor.ppo_max_token_len_per_gpu * m.context_parallel_size
+    assert rollout.prompt_length == 32768 and rollout.response_length == 65536
+    # memory: full recompute (uniform, 1 layer), dynamic batch of 16,384 tokens per GPU, optimizer CPU
+    # offload with the precision-aware optimizer, log-prob/entropy chunks of 1,024
+    t = m.override_transformer_config
+    assert (t.recompute_granularity, t.recompute_method, t.recompute_num_layers) == ("full", "uniform", 1)
+    assert actor.use_dynamic_bsz is True and actor.ppo_max_token_len_per_gpu == 16384
+    assert ref.log_prob_use_dynamic_bsz is True and ref.log_prob_max_token_len_per_gpu == 16384
+    assert rollout.log_prob_use_dynamic_bsz is True and rollout.log_prob_max_token_len_per_gpu == 16384
+    assert dict(o.override_optimizer_config) == {
+        "optimizer_cpu_offload": True,
+        "optimizer_offload_fraction": 1.0,
+        "overlap_cpu_optimizer_d2h_h2d": True,
+    }
+    assert o.use_precision_aware_optimizer is True and m.optimizer_offload is False
+    assert actor.entropy_from_logits_with_chunking is True and actor.entropy_from_logits_chunk_size == 1024
+    assert ref.entropy_from_logits_chunk_size == 1024
     assert (rollout.name, rollout.mode, rollout.calculate_log_probs) == ("vllm", "async", True)
     assert (rollout.temperature, rollout.top_p, rollout.top_k) == (1.0, 1.0, -1)
-    assert rollout.response_length == 16000 and rollout.prompt_length == 32768
     assert rollout.gpu_memory_utilization == 0.6 and rollout.tensor_model_parallel_size == 2
     assert rollout.agent.default_agent_loop == AGENT_LOOP_NAME
     assert rollout.agent.agent_loop_config_path == "/runs/x/agent_loops.yaml"
@@ -105,6 +115,28 @@ def test_production_overrides_compose_and_carry_the_recipe(composed):
     assert "file" in list(t.logger)
     assert c.actor_rollout_ref.model.path == "/models/Qwen--Qwen3.5-4B/hf"
     assert list(c.data.train_files) == ["/runs/x/train.parquet"]
+
+
+def test_group_only_advantages_stay_available_as_verls_grpo():
+    c = compose_verl_config(overrides_for(production_recipe(batch_whiten=False)))
+    assert c.algorithm.adv_estimator == "grpo"
+
+
+def test_memory_settings_can_be_turned_off():
+    recipe = production_recipe(verl={"memory": {"recompute": "off", "tokens_per_gpu": None}})
+    c = compose_verl_config(overrides_for(recipe))
+    actor = c.actor_rollout_ref.actor
+    assert (
+        actor.use_dynamic_bsz is False
+        and actor.megatron.override_transformer_config.recompute_granularity is None
+    )
+    assert actor.optim.use_precision_aware_optimizer is False
+
+
+def test_a_context_window_over_tokens_per_gpu_x_cp_is_refused():
+    recipe = production_recipe(max_context_tokens=65537)
+    with pytest.raises(ConfigError, match="train.verl.memory.tokens_per_gpu"):
+        check_recipe(recipe)
 
 
 def test_removed_keys_are_not_emitted():
@@ -133,7 +165,10 @@ def test_a_bad_value_of_a_known_key_is_caught_by_verls_validation():
 
 def test_a_batch_that_does_not_split_over_data_parallel_ranks_is_caught():
     # 3 x 16 = 48 samples over data-parallel 32 / (2 x 4) = 4 ranks is fine; 3 x 5 = 15 is not.
-    recipe = production_recipe(prompts_per_step=3, samples_per_prompt=5, global_batch=15)
+    # (with fixed micro-batches: a dynamic batch packs by tokens, and verl checks this one then)
+    base = production_recipe()
+    fixed = {**base.verl, "memory": {**base.verl["memory"], "tokens_per_gpu": None}}
+    recipe = production_recipe(prompts_per_step=3, samples_per_prompt=5, global_batch=15, verl=fixed)
     with pytest.raises(AssertionError, match="divisible"):
         compose_verl_config(overrides_for(recipe))
 

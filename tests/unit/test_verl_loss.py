@@ -31,7 +31,10 @@ MASK = [[1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]
 
 @pytest.fixture(scope="module")
 def cfg():
-    recipe = Recipe(engine="verl", parallel=Parallel(nodes=4, gpus_per_node=8, tensor=2, context=4))
+    # verl's own GRPO estimator (group-only); the whitening estimator: test_verl_advantage.py
+    recipe = Recipe(
+        engine="verl", batch_whiten=False, parallel=Parallel(nodes=4, gpus_per_node=8, tensor=2, context=4)
+    )
     return compose_verl_config(
         verl_overrides(
             recipe,
