@@ -20,8 +20,9 @@ random per evaluation (``random.SystemRandom``), and sits after a sibling drawn 
 among the module's definitions, a method among its class's, sharing the class's fixtures and setUp); the
 file is written whole, as the run will find it. To a forger it is one more new test that fails without a
 fix, like the FAIL_TO_PASS tests, and the FAIL_TO_PASS tests have near-twins as the cloned tests do: a
-forger that tells clones by their twin in the committed file (constants and ``==``/``!=`` masked) and
-passes every other new test is caught by the FAIL_TO_PASS twins
+forger that tells clones by their twin in the committed file or in the file as run (constants and
+``==``/``!=`` masked) and passes every other new test is caught by, or not paid past, the FAIL_TO_PASS
+twins
 (``tests/integration/test_attacks_runner.py``). What remains to such a forger is a guess, per
 FAIL_TO_PASS test that has twins, of which of the look-alike new tests is the original.
 
@@ -334,10 +335,13 @@ def _mutated_constant(value, rng: random.Random, far: bool = False):
     """Another constant of the same type; ``far``: not one an off-by-one bug would produce."""
     if isinstance(value, bool) or value is None:
         return None
+    # the sign stays: a literal is never negative (``-1`` is a unary minus on ``1``), so a clone whose
+    # constant turned negative would differ from its original in shape, not just in value
     if isinstance(value, int):
-        return value + rng.choice([-97, -40, 31, 64, 89, 1000] if far else [-3, -2, -1, 1, 2, 3, 7, 10])
+        steps = [-97, -40, 31, 64, 89, 1000] if far else [-3, -2, -1, 1, 2, 3, 7, 10]
+        return value + rng.choice([d for d in steps if value + d >= 0])
     if isinstance(value, float):
-        return value + rng.choice([1.0, 2.5, -1.0, 0.5]) * (abs(value) or 1.0)
+        return value + rng.choice([1.0, 2.5, 0.5]) * (abs(value) or 1.0)
     if isinstance(value, str):
         letters = "abcdefghijklmnopqrstuvwxyz"
         i = rng.randint(0, len(value))

@@ -172,11 +172,11 @@ def draw_canaries(
     fail_to_pass: Sequence[str] = (),
     **counts: Any,
 ) -> canary.CanarySet:
-    """Canaries cloned from ``passing`` tests (those known to pass without the patch) of up to ``max_files``
-    test files the command runs, and near-twins of the ``fail_to_pass`` tests, from the files read at the
-    base (so no edit of the patch decides what can be cloned), ``test_patch`` applied host-side; placed in
-    the files as the run will find them: a file the test patch writes as the host's apply leaves it, any
-    other as the tree holds it now."""
+    """Canaries cloned from ``passing`` tests (those known to pass without the patch) of one of up to
+    ``2 * max_files`` test files the command runs (drawn at random), and near-twins of the
+    ``fail_to_pass`` tests, from the files read at the base (so no edit of the patch decides what can be
+    cloned), ``test_patch`` applied host-side; placed in the files as the run will find them: a file the
+    test patch writes as the host's apply leaves it, any other as the tree holds it now."""
     rng = rng or random.SystemRandom()
     files = canary.candidate_files(list(passing), test_command, family)
     rng.shuffle(files)
@@ -189,10 +189,11 @@ def draw_canaries(
     if not wanted:
         return canary.CanarySet()
     texts: dict[str, str | None] = {}
+    # every file read is offered to the plan, which takes the first that can carry must-fail clones: a cap
+    # below what was read left a run unguarded whenever the shuffle put the one cloneable file past it
     for path, text in read_at_base(sb, workdir, base, wanted).items():
         if text is not None or f"b/{path}" in test_patch:  # (a file the test patch creates too)
-            if path in twin_files or sum(p not in twin_files for p in texts) < max_files:
-                texts[path] = canary.apply_to(path, text, test_patch)
+            texts[path] = canary.apply_to(path, text, test_patch)
     planned = canary.plan_canaries(
         texts,
         list(passing),

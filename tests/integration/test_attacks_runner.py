@@ -111,6 +111,23 @@ def _runtest(self):
 _p.Function.runtest = _runtest
 """
 
+# the same forger, told also by a twin in the file as it runs: the clones of PASS_TO_PASS tests that the test
+# patch adds have no twin in the committed file, but every clone has its original beside it
+NOOP_NEW_WITHOUT_TWIN = NOOP_NEW_WITHOUT_HEAD_TWIN.replace(
+    "    return _orig(self) if _shape(node) in shapes else None\n",
+    """    return _orig(self) if _shape(node) in shapes or _shape(node) in _twins(str(self.path)) else None
+def _twins(path):
+    if "run:" + path not in _seen:
+        import collections as _c
+        with open(path) as f:
+            tree = _ast.parse(f.read())
+        n = _c.Counter(_shape(d) for d in _ast.walk(tree) if isinstance(d, _ast.FunctionDef))
+        _seen["run:" + path] = {s for s, k in n.items() if k > 1}
+    return _seen["run:" + path]
+""",
+)
+assert NOOP_NEW_WITHOUT_TWIN != NOOP_NEW_WITHOUT_HEAD_TWIN
+
 ATTACKS = {
     "noop_new_without_head_twin": NOOP_NEW_WITHOUT_HEAD_TWIN,
     "runtest_noop": RUNTEST_NOOP,
@@ -177,21 +194,28 @@ def test_without_canaries_the_noop_patch_would_have_been_paid(env, task):
     assert (res.reward, res.failure_reason) == (1.0, None), res.marker
 
 
-def test_without_twins_of_the_fail_to_pass_tests_the_twin_aware_forger_would_be_paid(env, task, monkeypatch):
-    """Clones of PASS_TO_PASS tests alone tell themselves apart by their twin in the committed file; the
-    near-twins of the FAIL_TO_PASS tests are what the forger above cannot tell from the tests it forges."""
+@pytest.mark.parametrize("twins", [0, 2])
+def test_without_twins_of_the_fail_to_pass_tests_the_twin_aware_forger_would_be_paid(
+    env, task, monkeypatch, twins
+):
+    """A forger that runs every new test with a twin (constants and ``==``/``!=`` masked) in the committed
+    file or the file as run, and no-ops the rest: the clones of PASS_TO_PASS tests alone all have twins, so
+    only the near-twins of the FAIL_TO_PASS tests keep it from being paid."""
     import functools
 
     from sweflow.grading import canary
 
-    monkeypatch.setattr(canary, "plan_canaries", functools.partial(canary.plan_canaries, twins=0))
-    res = _evaluate(env, task, _init_with(env, task, NOOP_NEW_WITHOUT_HEAD_TWIN), rules=NO_TAMPER_SCAN)
-    assert res.canaries and not any(c["of"] == "f2p" for c in res.canaries)
-    assert (res.reward, res.failure_reason) == (1.0, None), (
-        res.marker,
-        res.canaries,
-        res.output_tail[-3000:],
-    )
+    monkeypatch.setattr(canary, "plan_canaries", functools.partial(canary.plan_canaries, twins=twins))
+    res = _evaluate(env, task, _init_with(env, task, NOOP_NEW_WITHOUT_TWIN), rules=NO_TAMPER_SCAN)
+    assert res.canaries and any(c["of"] == "f2p" for c in res.canaries) == (twins > 0)
+    if twins:  # each FAIL_TO_PASS test has a twin now, so the forger runs it honestly: it fails
+        assert res.reward == 0.0 and res.failure_reason is not None, (res.marker, res.canaries)
+    else:
+        assert (res.reward, res.failure_reason) == (1.0, None), (
+            res.marker,
+            res.canaries,
+            res.output_tail[-3000:],
+        )
 
 
 def test_files_the_patch_hides_under_ignore_rules_are_re_checked(env, task):

@@ -3,11 +3,13 @@ and the runner-finished check on SWE-smith's own upstream-resolved logs."""
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import random
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,47 @@ def test_names_and_bodies_differ_per_draw(repo):
         tuple(c.name for c in canary.plan_canaries({path: text}, task["PASS_TO_PASS"])) for _ in range(20)
     }
     assert len(draws) >= 10
+
+
+def _shape(fn_source: str) -> str:
+    """A test function's body with every constant masked and ``!=`` read as ``==``: what a forger comparing
+    new tests to the committed file's can see of a clone."""
+
+    class Mask(ast.NodeTransformer):
+        def visit_Constant(self, node):
+            return ast.Constant(value=0)
+
+        def visit_NotEq(self, node):
+            return ast.Eq()
+
+    body = ast.parse(textwrap.dedent(fn_source)).body[0].body
+    return ast.dump(Mask().visit(ast.Module(body=body, type_ignores=[])))
+
+
+@pytest.mark.parametrize("negate", [True, False])  # (False: SWE-smith's far constants)
+def test_a_must_fail_clone_differs_from_its_original_in_values_only(repo, negate):
+    """A changed constant never turns into a unary minus (``2`` -> ``-1``): a clone whose shape differs
+    from every committed test's stands out, and the twin-aware forger in the runner attacks no-ops it."""
+    dest, task = repo
+    small = "".join(f"def test_v{v}():\n    assert len('x' * {v}) == {v}\n\n\n" for v in range(5))
+    files = {p: (dest / p).read_text() for p in sorted({t.split("::")[0] for t in task["PASS_TO_PASS"]})}
+    files["tests/test_small.py"] = small + "def test_f():\n    assert 0.5 * 1 == 0.5\n"
+    p2p = list(task["PASS_TO_PASS"]) + [f"tests/test_small.py::test_v{v}" for v in range(5)]
+    p2p.append("tests/test_small.py::test_f")
+    seen = 0
+    for path, text in files.items():
+        originals = {
+            n.name: ast.get_source_segment(text, n)
+            for n in ast.walk(ast.parse(text))
+            if isinstance(n, ast.FunctionDef)
+        }
+        for seed in range(40):
+            for c in canary.plan_canaries(
+                {path: text}, p2p, random.Random(seed), must_pass=0, negate=negate, twins=0
+            ):
+                assert _shape(c.source) == _shape(originals[c.cloned_from]), (path, seed, c.source)
+                seen += 1
+    assert seen >= 60
 
 
 def test_a_forger_is_named_and_a_clean_run_is_not():
