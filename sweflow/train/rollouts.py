@@ -3,8 +3,8 @@ Dispatcher over a sandbox provider, and what a trainer needs from each sample.
 
 `PolicyRollouts` starts one proxy (engine = the live policy for TRL) and runs (row, group index) pairs
 through `Dispatcher.run_sample`: sandbox, Claude Code through the proxy, patch, fresh-sandbox evaluation,
-integrity, reward. `completion_of` turns a result into one (prompt, completion, logprobs, env_mask) for a
-trainer that takes one completion per prompt; `sample_record` is the rollouts/step-<n>.jsonl line (no
+integrity, reward. `completion_of` turns a result into its final lineage (prompt, completion, logprobs,
+env_mask) plus the earlier lineages of a split session; `sample_record` is the rollouts/step-<n>.jsonl line (no
 secret, no patch text); `step_stats` the rollout half of a metrics.jsonl line.
 
 Aborted samples (sandbox died, agent timeout, proxy error, evaluation infrastructure) are `valid=False`:
@@ -17,7 +17,7 @@ import concurrent.futures
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..proxy import ProxyConfig, ProxyServer
@@ -28,8 +28,21 @@ from ..sandbox.base import Provider
 
 
 @dataclass
+class Lineage:
+    """One trainable sequence: a lineage's first prompt, then everything after it (cut to the context)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    env_mask: list[int]  # 1 = a token the model generated (trained on), 0 = tool output / template
+    truncated: bool
+
+
+@dataclass
 class Completion:
-    """One trainable sequence of a rollout: the first prompt, then everything after it."""
+    """A rollout as a trainer takes it: its final lineage (the one GRPO's group sees) in the first fields,
+    and the earlier lineages of a split session (compaction, rewritten history) in `extras`, each trained
+    with the session's advantage."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -38,28 +51,41 @@ class Completion:
     valid: bool
     segments: int  # linearised samples the proxy recorded for the session (>1: it split the session)
     truncated: bool
+    extras: list[Lineage] = field(default_factory=list)
 
 
-def completion_of(result: RolloutResult, *, max_context_tokens: int, pad_id: int) -> Completion:
-    """The session's last linearised sample (the one its reward belongs to) as prompt + completion.
-
-    Earlier segments of a split session are not trained on by a one-completion-per-prompt trainer (the
-    verl engine trains every segment); their count is kept. An aborted sample, or one with no recorded
-    model token, is a one-token placeholder with `valid=False` and no loss token.
-    """
-    samples = list(result.samples or [])
-    if result.aborted or not samples:
-        return Completion([pad_id], [pad_id], [0.0], [0], False, len(samples), False)
-    s = samples[-1]
-    cut = int(s["prompt_length"])
-    ids, mask, lps = s["token_ids"], s["loss_mask"], s["rollout_logprobs"]
+def lineage_of(sample: dict, *, max_context_tokens: int) -> Lineage | None:
+    """A proxy sample as a Lineage cut to `max_context_tokens` in all; None without a model token."""
+    cut = int(sample["prompt_length"])
+    ids, mask, lps = sample["token_ids"], sample["loss_mask"], sample["rollout_logprobs"]
     comp, env, lp = list(ids[cut:]), [int(m) for m in mask[cut:]], [float(x) for x in lps[cut:]]
     room = max(0, max_context_tokens - cut)  # the whole sample fits the context window
     truncated = len(comp) > room
     comp, env, lp = comp[:room], env[:room], lp[:room]
     if not comp or not any(env):
+        return None
+    return Lineage(list(ids[:cut]), comp, lp, env, truncated)
+
+
+def completion_of(result: RolloutResult, *, max_context_tokens: int, pad_id: int) -> Completion:
+    """The session's linearised samples as a Completion: the last one (its reward's) first, the earlier
+    lineages in `extras` (every lineage is trained, as on verl).
+
+    An aborted sample, or one whose last sample has no recorded model token, is a one-token placeholder with
+    `valid=False`, no loss token and no extras.
+    """
+    samples = list(result.samples or [])
+    if result.aborted or not samples:
+        return Completion([pad_id], [pad_id], [0.0], [0], False, len(samples), False)
+    last = lineage_of(samples[-1], max_context_tokens=max_context_tokens)
+    if last is None:
+        truncated = len(samples[-1]["token_ids"]) > max_context_tokens
         return Completion([pad_id], [pad_id], [0.0], [0], False, len(samples), truncated)
-    return Completion(list(ids[:cut]), comp, lp, env, True, len(samples), truncated)
+    extras = [x for s in samples[:-1] if (x := lineage_of(s, max_context_tokens=max_context_tokens))]
+    return Completion(
+        last.prompt_ids, last.completion_ids, last.logprobs, last.env_mask, True, len(samples),
+        last.truncated, extras,
+    )  # fmt: skip
 
 
 def sample_record(
@@ -89,9 +115,11 @@ def sample_record(
         "timings": dict(sorted((result.timings or {}).items())),
     }
     if completion is not None:
+        lineages = [completion, *completion.extras] if completion.valid else []
         rec["trained"] = completion.valid
-        rec["trained_tokens"] = sum(completion.env_mask) if completion.valid else 0
-        rec["truncated"] = completion.truncated
+        rec["trained_lineages"] = len(lineages)
+        rec["trained_tokens"] = sum(sum(x.env_mask) for x in lineages)
+        rec["truncated"] = completion.truncated or any(x.truncated for x in completion.extras)
     return rec
 
 

@@ -4,9 +4,11 @@
   samples, `updates_per_step` optimizer updates of `global_batch` samples, micro-batches of `micro_batch`).
 - The proxy's engine is the trainer's live policy (`LivePolicyEngine` over the unwrapped model): every step
   samples from the current weights, so there is nothing to sync (weight_sync_s is the no-op's time).
-- `SweflowGRPOTrainer` overrides three things: the rollout function (sweflow's Dispatcher, one completion
-  per prompt, see `sweflow.train.rollouts.completion_of`), the advantages (`sweflow.train.algos.
-  group_advantages` over valid samples only; aborted samples lose every loss token), and the loss
+- `SweflowGRPOTrainer` overrides three things: the rollout function (sweflow's Dispatcher; each session's
+  final lineage is TRL's completion, the earlier lineages of a split session ride along and are trained
+  too, see `sweflow.train.rollouts.completion_of`), the advantages (`sweflow.train.algos.group_advantages`
+  over valid samples only, every lineage of a session with the session's; aborted samples lose every loss
+  token; every lineage weighs as one sample, as a row of verl's batch does), and the loss
   (`sweflow.train.algos.grpo_loss`: PPO clip with the high side, token TIS on the recorded rollout
   logprobs, clamped k3 KL to the reference model, per-sample mean). TRL's own loss would weigh its KL by the
   ratio, skip the clamp and, without vLLM, ignore the rollout logprobs (REFERENCE "TRL 1.16").
@@ -156,6 +158,7 @@ def _trainer_class() -> type:
             self._rows: list[dict] = []
             self._valid: list[bool] = []
             self._rewards: list[float] = []
+            self._extras: list[list] = []  # per local sample: the earlier lineages of its session
             self._generation = 0
             self._loss_stats: list[dict[str, float]] = []
             self._step_rollout: dict[str, Any] = {}
@@ -193,6 +196,7 @@ def _trainer_class() -> type:
                 for r in results
             ]
             self._valid = [c.valid for c in comps]
+            self._extras = [list(c.extras) if c.valid else [] for c in comps]
             self._rewards = [float(r.reward) if c.valid else 0.0 for r, c in zip(results, comps, strict=True)]
             records = [
                 sample_record(r, step=step, group=(offset + i) // n, completion=c)
@@ -204,6 +208,7 @@ def _trainer_class() -> type:
             stats = step_stats(records)
             stats.update(rollout_s=round(rollout_s, 3), weight_sync_s=round(sync_s, 6))
             stats["trained_samples"] = sum(1 for r in records if r.get("trained"))
+            stats["trained_lineages"] = sum(int(r.get("trained_lineages", 0)) for r in records)
             self._step_rollout = stats
             self._generation = step
             self._t_rollout_end = time.monotonic()
@@ -242,22 +247,79 @@ def _trainer_class() -> type:
             )
             start = self.accelerator.process_index * len(self._valid)
             local = torch.tensor(adv[start : start + len(self._valid)], dtype=torch.float32, device=device)
+            extras = self._extras if len(self._extras) == len(self._valid) else [[] for _ in self._valid]
             out["completion_mask"] = out["completion_mask"] * valid_local.unsqueeze(1).to(
                 out["completion_mask"].dtype
             )
-            # aborted samples weigh 0, the others samples/valid: dropping a sample does not shrink the update
-            scale = len(valid) / max(1, sum(valid))
+            # every trained lineage weighs as one sample (aborted samples 0): dropping a sample does not
+            # shrink the update, and a session split in k lineages counts k rows, as in verl's batch
+            n_extra = float(
+                self.accelerator.reduce(
+                    torch.tensor(float(sum(map(len, extras))), device=device), reduction="sum"
+                )
+            )
+            scale = len(valid) / max(1.0, sum(valid) + n_extra)
             out["sweflow_sample_weight"] = valid_local.to(torch.float32) * scale
+            extra_adv = [[float(local[i])] * len(xs) for i, xs in enumerate(extras)]
             if self.recipe.batch_whiten:
                 mask = out["completion_mask"] * out.get("tool_mask", torch.ones_like(out["completion_mask"]))
-                # statistics of the whole step: every process's loss tokens (a sum over processes)
-                local = whiten(
-                    local.unsqueeze(1).expand(mask.shape).clone(),
-                    mask,
+                counts = [sum(x.env_mask) for xs in extras for x in xs]
+                flat_adv = [a for row in extra_adv for a in row]
+                tail = torch.tensor(
+                    [a for a, c in zip(flat_adv, counts, strict=True) for _ in range(c)],
+                    dtype=torch.float32,
+                    device=device,
+                )
+                # statistics of the whole step: every process's loss tokens, of every lineage (a sum over
+                # processes); an earlier lineage's tokens carry its session's advantage
+                white = whiten(
+                    torch.cat([local.unsqueeze(1).expand(mask.shape).reshape(-1), tail]),
+                    torch.cat([mask.reshape(-1).to(torch.float32), torch.ones_like(tail)]),
                     all_reduce=lambda t: self.accelerator.reduce(t, reduction="sum"),
                 )
+                local = white[: mask.numel()].view(mask.shape)
+                firsts, at = [], mask.numel()
+                for c in counts:
+                    firsts.append(float(white[at]))
+                    at += c
+                it = iter(firsts)
+                extra_adv = [[next(it) for _ in row] for row in extra_adv]
             out["advantages"] = local
+            out["sweflow_extra"] = [
+                [self._lineage_inputs(x, a, scale, out) for x, a in zip(xs, advs, strict=True)]
+                for xs, advs in zip(extras, extra_adv, strict=True)
+            ]
             return out
+
+        def _lineage_logps(self, model: Any, x: Any) -> list[float]:
+            import torch
+
+            ids = torch.tensor([x.prompt_ids + x.completion_ids], device=self.accelerator.device)
+            with torch.no_grad():
+                logp, _, _ = self._get_per_token_logps_and_entropies(
+                    model, ids, torch.ones_like(ids), len(x.completion_ids)
+                )
+            return logp[0].tolist()
+
+        def _lineage_inputs(self, x: Any, advantage: float, weight: float, out: dict[str, Any]) -> dict:
+            """What the loss needs of an earlier lineage, taken now as TRL takes its completions' (the
+            policy's logprobs where TRL keeps old ones, the reference model's where the KL term is on)."""
+            old = self._lineage_logps(self.model, x) if out.get("old_per_token_logps") is not None else None
+            ref = None
+            if self.beta != 0.0:
+                if self.ref_model is None:
+                    raise RuntimeError("the KL term needs a reference model for every lineage")
+                ref = self._lineage_logps(self.ref_model, x)
+            return {
+                "ids": x.prompt_ids + x.completion_ids,
+                "keep": len(x.completion_ids),
+                "env_mask": x.env_mask,
+                "rollout": x.logprobs,
+                "old": old,
+                "ref": ref,
+                "advantage": advantage,
+                "weight": weight,
+            }
 
         # ---------------------------------------------------------------- loss
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
@@ -285,9 +347,38 @@ def _trainer_class() -> type:
                 sample_weight=inputs.get("sweflow_sample_weight"),
             )
             self._loss_stats.append(stats)
+            rows = completion_ids.size(0)
+            for x in (x for xs in inputs.get("sweflow_extra") or () for x in xs):
+                extra, extra_stats = self._lineage_loss(model, x)
+                loss = loss + extra / rows  # one more row of the micro-batch's per-sample mean
+                self._loss_stats.append(extra_stats)
             if self.model.training:
                 loss = loss / self.current_gradient_accumulation_steps
             return loss
+
+        def _lineage_loss(self, model: Any, x: dict) -> tuple[Any, dict[str, float]]:
+            import torch
+
+            dev = self.accelerator.device
+            ids = torch.tensor([x["ids"]], device=dev)
+            logp, entropy, _ = self._get_per_token_logps_and_entropies(
+                model, ids, torch.ones_like(ids), x["keep"], compute_entropy=True
+            )
+
+            def row(values: list) -> Any:
+                return torch.tensor([values], dtype=logp.dtype, device=dev)
+
+            return grpo_loss(
+                logp,
+                logp.detach() if x["old"] is None else row(x["old"]),
+                torch.full_like(logp, x["advantage"]),
+                row(x["env_mask"]),
+                self.loss_cfg,
+                rollout_logp=row(x["rollout"]),
+                ref_logp=None if x["ref"] is None else row(x["ref"]),
+                entropy=entropy,
+                sample_weight=torch.tensor([x["weight"]], device=dev),
+            )
 
         # ---------------------------------------------------------------- metrics
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

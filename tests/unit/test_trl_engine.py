@@ -24,8 +24,9 @@ K = 6  # tokens per toy completion
 class ToyRollouts:
     """Samples K tokens from the live policy; reward = share of them in `target`; `abort` group indices abort."""
 
-    def __init__(self, engine, prompt_ids, target, abort=()):
+    def __init__(self, engine, prompt_ids, target, abort=(), split=False):
         self.engine, self.prompt_ids, self.target, self.abort = engine, prompt_ids, set(target), set(abort)
+        self.split = split  # every session in two lineages: its first half, then a compacted second half
         self.calls = []
 
     def __enter__(self):
@@ -53,6 +54,17 @@ class ToyRollouts:
                 "rollout_logprobs": [0.0] * p + res.logprobs,
                 "prompt_length": p,
             }
+            samples = [sample]
+            if self.split:
+                h = K // 2
+                first = {k: v[: p + h] for k, v in sample.items() if k != "prompt_length"}
+                second = {
+                    "token_ids": self.prompt_ids[:1] + res.output_ids[h:],
+                    "loss_mask": [0] + [1] * (K - h),
+                    "rollout_logprobs": [0.0] + res.logprobs[h:],
+                    "prompt_length": 1,
+                }
+                samples = [dict(first, prompt_length=p), second]
             out.append(
                 RolloutResult(
                     iid,
@@ -61,7 +73,7 @@ class ToyRollouts:
                     "completed",
                     None,
                     reward=reward,
-                    samples=[sample],
+                    samples=samples,
                     num_turns=1,
                 )
             )
@@ -103,7 +115,7 @@ def tiny_model_dir():
     return tiny_model_path()
 
 
-def _train(tmp_path, model_dir, recipe, abort=()):
+def _train(tmp_path, model_dir, recipe, abort=(), split=False):
     from transformers import AutoTokenizer
 
     from sweflow.train.trl_engine import train_trl
@@ -114,7 +126,7 @@ def _train(tmp_path, model_dir, recipe, abort=()):
     made = {}
 
     def factory(engine):
-        made["r"] = ToyRollouts(engine, prompt_ids, target, abort)
+        made["r"] = ToyRollouts(engine, prompt_ids, target, abort, split)
         return made["r"]
 
     torch.manual_seed(0)
@@ -154,6 +166,16 @@ def test_aborted_samples_are_dropped_not_scored_zero(tmp_path, tiny_model_dir):
     rec = [json.loads(x) for x in (tmp_path / "rollouts" / "step-1.jsonl").read_text().splitlines()]
     assert sum(r["aborted"] for r in rec) == 4
     assert all(r["reward"] is None and not r["trained"] for r in rec if r["aborted"])
+
+
+def test_split_sessions_train_every_lineage_through_the_trainer(tmp_path, tiny_model_dir):
+    """TRL shuffles and splits the step's batch into micro-batches: the earlier lineages go with their
+    sessions, and each update counts them (16 lineages for the 8 sessions of a step)."""
+    _, metrics, _ = _train(tmp_path, tiny_model_dir, _recipe(total_steps=2, save_every=2), split=True)
+    assert [m["trained_lineages"] for m in metrics] == [16, 16]
+    assert all(m["trained_samples"] == 8 and m["grad_norm"] is not None for m in metrics)
+    rec = [json.loads(x) for x in (tmp_path / "rollouts" / "step-1.jsonl").read_text().splitlines()]
+    assert all(r["trained_lineages"] == 2 and r["trained_tokens"] == K for r in rec)
 
 
 def test_an_interrupted_run_resumes_from_its_last_checkpoint(tmp_path, tiny_model_dir):
