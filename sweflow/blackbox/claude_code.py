@@ -11,6 +11,8 @@ How each backend option reaches the CLI (checked against Claude Code 2.1.332):
   `--append-system-prompt` (append: after Claude Code's own prompt) or `--system-prompt` (replace);
 - auto_compact -> `autoCompactEnabled` in ~/.claude/settings.json and ~/.claude.json; false also sets
   DISABLE_AUTO_COMPACT=1 and DISABLE_COMPACT=1 (the latter also removes /compact);
+- compact_at_tokens (with auto_compact) -> CLAUDE_CODE_AUTO_COMPACT_WINDOW + CLAUDE_AUTOCOMPACT_PCT_OVERRIDE
+  so that the CLI compacts once a response's usage reaches that many tokens (see `compaction_env`);
 - prompt_caching=false -> DISABLE_PROMPT_CACHING=1 (no `cache_control` in requests);
 - disable_nonessential_traffic -> CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 (+ telemetry, error reports);
 - subagents=false -> `--disallowedTools` with the sub-agent tools (`Agent`, its old name `Task`, `Workflow`).
@@ -55,6 +57,7 @@ _DROP_PREFIXES = (
     "ENABLE_PROMPT_CACHING",
     "DISABLE_AUTO_COMPACT",
     "DISABLE_COMPACT",
+    "CLAUDE_AUTOCOMPACT_",
     "DISABLE_TELEMETRY",
     "DISABLE_ERROR_REPORTING",
 )
@@ -88,6 +91,7 @@ OPTION_NAMES = (
     "system_prompt_mode",
     "system_prompt_append",
     *_SWITCHES,
+    "compact_at_tokens",
     "tools",
     "allowed_tools",
     "disallowed_tools",
@@ -142,6 +146,7 @@ class ClaudeCodeOptions:
     system_prompt_mode: str = "append"
     system_prompt_append: str | None = None  # older option: appended in either mode
     auto_compact: bool = False
+    compact_at_tokens: int | None = None  # None: the CLI's own threshold
     prompt_caching: bool = False
     disable_nonessential_traffic: bool = True
     subagents: bool = False
@@ -256,6 +261,13 @@ class ClaudeCodeOptions:
             ):
                 raise OptionError("backend_options.turn_timeout: expected a positive number of seconds")
             opts.turn_timeout = float(value) if value is not None else None
+        if "compact_at_tokens" in raw:
+            value = raw.pop("compact_at_tokens")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1_000):
+                raise OptionError(
+                    "backend_options.compact_at_tokens: expected an integer of at least 1000 tokens"
+                )
+            opts.compact_at_tokens = value
         for key in ("max_retries", "api_timeout_ms"):
             if key in raw:
                 value = raw.pop(key)
@@ -363,11 +375,29 @@ def build_env(
     if not opts.auto_compact:
         env["DISABLE_AUTO_COMPACT"] = "1"
         env["DISABLE_COMPACT"] = "1"
+    elif opts.compact_at_tokens is not None:
+        env.update(compaction_env(opts.compact_at_tokens))
     if opts.max_retries is not None:
         env["CLAUDE_CODE_MAX_RETRIES"] = str(opts.max_retries)
     if opts.api_timeout_ms is not None:
         env["API_TIMEOUT_MS"] = str(opts.api_timeout_ms)
     return env
+
+
+# How Claude Code 2.1.332 places its auto-compaction threshold (measured through a scripted Messages API
+# whose usage reports chosen token counts, tests/integration/test_blackbox_claude.py): a window W below
+# 100,000 tokens is raised to 100,000; 20,000 are kept for the response; compaction fires at
+# min(W - 20,000 - 13,000, (W - 20,000) x pct / 100). So no window alone gets below 67,000 tokens.
+COMPACT_MIN_WINDOW = 100_000
+COMPACT_RESPONSE_RESERVE = 20_000
+COMPACT_SUMMARY_BUFFER = 13_000
+
+
+def compaction_env(threshold: int) -> dict[str, str]:
+    """The variables that make the CLI compact once a response's usage reaches ``threshold`` tokens."""
+    window = max(threshold + COMPACT_RESPONSE_RESERVE + COMPACT_SUMMARY_BUFFER, COMPACT_MIN_WINDOW)
+    pct = 100.0 * threshold / (window - COMPACT_RESPONSE_RESERVE)
+    return {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window), "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": f"{pct:.4f}"}
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:

@@ -105,6 +105,7 @@ class _State:
     errors: list[str] = field(default_factory=list)
     next_turn: int = 0
     tool_counter: int = 0
+    input_tokens: int | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -133,9 +134,16 @@ class AnthropicStub:
     """A scripted Messages API server on 127.0.0.1; use as a context manager or start()/stop()."""
 
     def __init__(
-        self, policy: list[Any], *, host: str = "127.0.0.1", port: int = 0, model: str = "stub-model"
+        self,
+        policy: list[Any],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model: str = "stub-model",
+        input_tokens: int | None = None,
     ):
-        self._state = _State(policy=load_policy(policy), model=model)
+        """``input_tokens``: the usage every reply reports (default: an estimate from the messages)."""
+        self._state = _State(policy=load_policy(policy), model=model, input_tokens=input_tokens)
         ids = [
             b["id"] for t in self._state.policy for b in t.blocks if b.get("type") == "tool_use" and "id" in b
         ]
@@ -223,7 +231,7 @@ def _next_message(state: _State, body: dict[str, Any]) -> tuple[dict[str, Any], 
         "stop_reason": stop,
         "stop_sequence": None,
         "usage": {
-            "input_tokens": _estimate_tokens(body.get("messages", [])),
+            "input_tokens": state.input_tokens or _estimate_tokens(body.get("messages", [])),
             "output_tokens": _estimate_tokens(blocks),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,

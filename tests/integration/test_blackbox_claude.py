@@ -286,3 +286,37 @@ def test_recipe_options_reach_the_real_cli_and_its_requests(repo, tmp_path):
     assert REPLACING in replaced and APPENDED not in replaced
     assert max(own.splitlines(), key=len) not in replaced  # Claude Code's own prompt is gone
     assert "compact" in init["slash_commands"] and init["analytics_disabled"] is False
+
+
+COMPACTION_PROMPT = "Respond with TEXT ONLY"  # the start of the CLI's summary request (2.1.332)
+
+
+@pytest.mark.parametrize(
+    ("at", "reported", "compacts"), [(57_536, 57_300, False), (57_536, 57_800, True), (None, 57_800, False)]
+)
+def test_compact_at_tokens_is_where_the_real_cli_compacts(repo, tmp_path, at, reported, compacts):
+    """The recipe compacts at context - response / 2 = 57,536 tokens: a reply whose usage reports a little
+    less leaves the conversation alone, a little more makes the CLI ask for a summary and go on from it
+    (a rewritten history: a new token-in/token-out lineage at the proxy). The CLI's own threshold is
+    higher (no window alone takes it below 67,000)."""
+    policy = [  # the CLI checks its context before it sends a tool result back
+        turn(tool_use("Bash", {"command": "echo one", "description": "Echo"})),
+        turn(tool_use("Bash", {"command": "echo two", "description": "Echo"})),
+        turn(text("Summary: echoed one and two.")),
+        turn(text("done")),
+        turn(text("done again")),
+    ]
+    with (
+        AnthropicStub(policy, input_tokens=reported) as stub,
+        BlackboxServer(runtime_dir=str(tmp_path / "bbs"), agent_binary=CLAUDE, token=TOKEN) as bb,
+    ):
+        register(bb.url, stub.url, repo, "compact-1", "bypassPermissions", auto_compact=True,
+                 compact_at_tokens=at)  # fmt: skip
+        status, answer = call(f"{bb.url}/v1/sessions/compact-1/messages", "POST", {"content": "Look around."})
+        assert status == 200 and not answer["is_error"], answer
+        requests = stub.requests
+    summaries = [r for r in requests if COMPACTION_PROMPT in json.dumps(r.body.get("messages", [])[-1:])]
+    assert bool(summaries) == compacts, [json.dumps(r.body.get("messages", [])[-1:])[:200] for r in requests]
+    if compacts:  # the request after the summary no longer carries the conversation it summarised
+        after = requests[requests.index(summaries[0]) + 1]
+        assert "echo one" not in json.dumps(after.body.get("messages", [])[1:2])

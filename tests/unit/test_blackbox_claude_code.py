@@ -90,6 +90,39 @@ def test_recipe_options_reach_argv_env_and_settings(tmp_path):
     assert on.settings() == {"autoCompactEnabled": True}
 
 
+@pytest.mark.parametrize("threshold", [57_536, 20_000, 67_000, 150_000])
+def test_compact_at_tokens_places_the_clis_threshold(tmp_path, threshold):
+    """The CLI's measured rule (claude_code.COMPACT_*): window raised to 100,000, 20,000 kept for the
+    response, 13,000 of summary buffer, a percentage override below that; the variables put it there."""
+    from sweflow.blackbox.claude_code import (
+        COMPACT_MIN_WINDOW,
+        COMPACT_RESPONSE_RESERVE,
+        COMPACT_SUMMARY_BUFFER,
+    )
+
+    opts = ClaudeCodeOptions.parse(
+        {"working_directory": str(tmp_path), "auto_compact": True, "compact_at_tokens": threshold},
+        default_workdir="/",
+    )
+    inherited = {"PATH": "/bin", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "5"}  # the host's own never leaks in
+    env = build_env(opts, home="/h", router_url="http://r", router_token="t", base=inherited)
+    window = max(int(env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"]), COMPACT_MIN_WINDOW)
+    pct = float(env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"])
+    usable = window - COMPACT_RESPONSE_RESERVE
+    fires_at = min(usable - COMPACT_SUMMARY_BUFFER, usable * pct / 100)
+    assert abs(fires_at - threshold) < 1, (env, fires_at)
+    # without auto_compact the threshold has no say: compaction is off
+    off = ClaudeCodeOptions.parse(
+        {"working_directory": str(tmp_path), "compact_at_tokens": threshold}, default_workdir="/"
+    )
+    env = build_env(off, home="/h", router_url="http://r", router_token="t", base={})
+    assert env["DISABLE_AUTO_COMPACT"] == "1" and "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in env
+    with pytest.raises(OptionError, match="compact_at_tokens"):
+        ClaudeCodeOptions.parse(
+            {"working_directory": str(tmp_path), "compact_at_tokens": "57k"}, default_workdir="/"
+        )
+
+
 def test_absent_options_take_the_schema_defaults(tmp_path):
     """The adapter and config/schema.yaml agree on names and defaults (a row without a key = a new row)."""
     props = yaml.safe_load(SCHEMA.read_text())["properties"]["agent"]["properties"]["backend_options"]

@@ -20,11 +20,13 @@ RECIPE = {
     "setting_sources": ["user"],
     "system_prompt": None,
     "system_prompt_mode": "append",
-    "auto_compact": False,
+    "auto_compact": True,  # at context - response / 2, as the recipe's converter
+    "compact_at_tokens": 57_536,
     "prompt_caching": False,
     "disable_nonessential_traffic": True,
     "subagents": False,
 }
+DEFAULTS = {**RECIPE, "auto_compact": False, "compact_at_tokens": None}
 # Shaped like SWE-Gym rows (two of its eleven repositories).
 INSTANCES = [
     {
@@ -82,9 +84,12 @@ def test_every_converted_row_carries_the_recipe_options(tmp_path):
         assert argv[argv.index("--setting-sources") + 1] == "user"
         assert {"Agent", "Task"} <= set(argv[argv.index("--disallowedTools") + 1].split(","))
         assert "--system-prompt" not in argv and "--append-system-prompt" not in argv
-        assert env["DISABLE_PROMPT_CACHING"] == "1" and env["DISABLE_AUTO_COMPACT"] == "1"
+        assert env["DISABLE_PROMPT_CACHING"] == "1" and "DISABLE_AUTO_COMPACT" not in env
+        # 100,000 is the least window the CLI takes; 71.92 % of its 80,000 usable tokens = 57,536
+        assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "100000"
+        assert env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "71.9200"
         assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
-        assert parsed.settings() == {"autoCompactEnabled": False}
+        assert parsed.settings() == {"autoCompactEnabled": True}
 
 
 def test_schema_defaults_reach_rows_of_a_config_that_names_none(tmp_path):
@@ -96,7 +101,7 @@ def test_schema_defaults_reach_rows_of_a_config_that_names_none(tmp_path):
     )
     cfg = load_config(user)
     row = convert_instance(INSTANCES[0], template="t", evaluator_cmd="true", opts=_opts(cfg))
-    assert row["metadata"]["backend_options"] == {**RECIPE, "max_turns": 12}
+    assert row["metadata"]["backend_options"] == {**DEFAULTS, "max_turns": 12}
 
 
 @pytest.mark.parametrize(

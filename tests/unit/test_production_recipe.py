@@ -96,7 +96,13 @@ def test_the_recipe_converts_one_row_of_every_swegym_repository(tmp_path, monkey
         assert (meta["FAIL_TO_PASS"], meta["PASS_TO_PASS"]) == (src["FAIL_TO_PASS"], src["PASS_TO_PASS"])
         opts_row = meta["backend_options"]
         assert opts_row["setting_sources"] == ["user"] and opts_row["system_prompt_mode"] == "append"
-        assert (opts_row["auto_compact"], opts_row["prompt_caching"], opts_row["subagents"]) == (False,) * 3
+        assert (opts_row["prompt_caching"], opts_row["subagents"]) == (False,) * 2
+        # the recipe's converter compacts at context - response / 2 (a compaction is a new lineage)
+        t = cfg["train"]
+        assert opts_row["auto_compact"] is True
+        assert (
+            opts_row["compact_at_tokens"] == t["max_context_tokens"] - t["max_response_tokens"] // 2 == 57_536
+        )
         assert opts_row["disable_nonessential_traffic"] is True and opts_row["max_turns"] == 80
         assert src["patch"].strip() not in json.dumps(row)  # no gold patch
         evaluator = meta["blackbox_execute_cmds"]["after_agent"][0]["cmd"]
