@@ -74,6 +74,21 @@ def test_weights_changed_and_the_final_checkpoint_loads_and_generates(trained):
     assert summary["processes"] == 2  # tests/fixtures/two_nodes.yaml: 2 data-parallel processes here
 
 
+def test_an_update_from_the_warm_start_follows_the_advantages(trained, tmp_path):
+    """Weights that moved can be AdamW's decay alone: one update of the embedded recipe from the embedded
+    run's warm start must make rewarded completions likelier and zero-reward ones less likely than the same
+    update with the advantages zeroed (tests/fixtures/grpo_probe.py)."""
+    from sweflow.config import load_config
+    from sweflow.train.recipe import Recipe
+    from tests.fixtures.grpo_probe import probe
+
+    warm = trained / "results/sample/warm_start/sweflow--tiny-qwen3-swa/hf"
+    recipe = Recipe.from_config(load_config(*EMBEDDED_CONFIGS)["train"])
+    vocab = json.loads((warm / "config.json").read_text())["vocab_size"]
+    figures = probe(warm, recipe, tmp_path, vocab=vocab)
+    assert figures["rewarded_vs_control"] > 0 > figures["zero_reward_vs_control"], figures
+
+
 def test_a_second_run_does_nothing(trained):
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(trained),
            "--workflow-profile", "none", "--cores", "2", "-n", "train", "--configfile", *EMBEDDED_CONFIGS]  # fmt: skip

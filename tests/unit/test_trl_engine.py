@@ -253,3 +253,19 @@ def test_data_parallel_ranks_share_each_step_and_end_with_the_same_weights(tmp_p
         assert {mine[0][0][0], mine[1][0][0]} == {"toy-0", "toy-1"}
     recs = (out / "rollouts" / "step-1.jsonl").read_text().splitlines()
     assert len(recs) == 8  # rank 0 gathered both ranks' records
+
+
+def test_one_update_follows_the_advantages_not_just_the_weight_decay(tmp_path, tiny_model_dir):
+    """The embedded default's optimizer (weight decay 0.1 moves every weight at zero gradient): after one
+    update the rewarded completions are likelier and the zero-reward ones less likely than after the same
+    update with the advantages zeroed."""
+    from sweflow.config import load_config
+    from sweflow.train.recipe import Recipe
+    from tests.fixtures.grpo_probe import probe
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    recipe = Recipe.from_config(load_config(root / "config" / "config.yaml")["train"])
+    assert recipe.optim.weight_decay > 0 and recipe.batch_whiten
+    figures = probe(tiny_model_dir, recipe, tmp_path, vocab=300)
+    assert figures["rewarded_vs_control"] > 0 > figures["zero_reward_vs_control"], figures
+    assert figures["rewarded_control"] != 0.0  # the control moved too (decay, KL): why it is the baseline
