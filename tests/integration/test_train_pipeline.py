@@ -84,8 +84,7 @@ def test_an_update_from_the_warm_start_follows_the_advantages(trained, tmp_path)
 
     warm = trained / "results/sample/warm_start/sweflow--tiny-qwen3-swa/hf"
     recipe = Recipe.from_config(load_config(*EMBEDDED_CONFIGS)["train"])
-    vocab = json.loads((warm / "config.json").read_text())["vocab_size"]
-    figures = probe(warm, recipe, tmp_path, vocab=vocab)
+    figures = probe(warm, recipe, tmp_path)
     assert figures["rewarded_vs_control"] > 0 > figures["zero_reward_vs_control"], figures
 
 

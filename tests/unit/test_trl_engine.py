@@ -266,6 +266,6 @@ def test_one_update_follows_the_advantages_not_just_the_weight_decay(tmp_path, t
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
     recipe = Recipe.from_config(load_config(root / "config" / "config.yaml")["train"])
     assert recipe.optim.weight_decay > 0 and recipe.batch_whiten
-    figures = probe(tiny_model_dir, recipe, tmp_path, vocab=300)
+    figures = probe(tiny_model_dir, recipe, tmp_path)
     assert figures["rewarded_vs_control"] > 0 > figures["zero_reward_vs_control"], figures
     assert figures["rewarded_control"] != 0.0  # the control moved too (decay, KL): why it is the baseline
