@@ -2,7 +2,9 @@
 
 Each row is rendered with the model's chat template (tool-call `arguments` JSON strings parsed to dicts
 first, `tools` passed along) and tokenized once; only the tokens the model generates in its own turns are
-trained on (assistant-only loss). Over-long rows are dropped and counted, never truncated.
+trained on (assistant-only loss). A row over `max_length` tokens is cut to its first `max_length` tokens
+(`overlong: truncate`, as SWE-smith's torchtune recipe does with `max_seq_len`) or dropped (`drop`); either
+way it is counted, with its length, in the summary.
 
 How the assistant mask is built, in the order TRL's SFTTrainer itself decides (sft_trainer.py: "swap in a
 training chat template with {% generation %} markers if the current template doesn't already have them"):
@@ -23,8 +25,8 @@ training chat template with {% generation %} markers if the current template doe
 The tokenized examples go to SFTTrainer as a pre-tokenized dataset: `input_ids` + `assistant_masks`. TRL
 1.16 recognises a processed dataset by its `input_ids` column and folds `assistant_masks` into `labels`
 (-100 where the mask is 0) whatever `assistant_only_loss` says, so `assistant_only_loss` stays False (it
-would demand a conversational dataset); `packing=False`, `max_length` is the drop limit (its truncation is
-a no-op on the kept rows).
+would demand a conversational dataset); `packing=False`, `max_length` is the limit applied here (TRL's own
+truncation is then a no-op).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ..util import atomic_write, jsonl_line, replace_folder
 
 log = logging.getLogger("sweflow.train")
 
+OVERLONG = ("truncate", "drop")
 _PLANS: dict[str, tuple[str | None, bool]] = {}  # chat template -> (template to render with, use markers)
 
 
@@ -56,6 +59,7 @@ class SFTSettings:
     warmup_steps: int = 5
     weight_decay: float = 0.01
     max_length: int = 32768
+    overlong: str = "truncate"  # a row over max_length: "truncate" (its first max_length tokens) or "drop"
     per_device_batch: int = 1
     grad_accum: int = 1
     seed: int = 0
@@ -69,6 +73,10 @@ class SFTSettings:
     def __post_init__(self) -> None:
         if self.fsdp not in (None, "fsdp2"):
             raise TrainError(f"unknown fsdp mode {self.fsdp!r}", field="fsdp", hint="use null or 'fsdp2'")
+        if self.overlong not in OVERLONG:
+            raise TrainError(
+                f"unknown overlong mode {self.overlong!r}", field="overlong", hint="use 'truncate' or 'drop'"
+            )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> SFTSettings:
@@ -177,9 +185,13 @@ def _span_mask(offsets: list, spans: list[tuple[int, int]]) -> list[int]:
     return mask
 
 
-def build_example(row: Mapping, tokenizer: Any, max_length: int, *, index: int | None = None) -> dict:
-    """One tokenized example `{id, input_ids, assistant_masks, tokens}`, or a dropped record
+def build_example(
+    row: Mapping, tokenizer: Any, max_length: int, *, index: int | None = None, overlong: str = "truncate"
+) -> dict:
+    """One tokenized example `{id, input_ids, assistant_masks, tokens}` (cut to `max_length` with
+    `overlong="truncate"`, then also `truncated_from`: the whole length), or a dropped record
     `{id, dropped: "too_long" | "no_assistant_turn" | "bad_tool_arguments", tokens}`."""
+    drop = overlong == "drop"
     rid = _row_id(row, index)
     messages = _messages(row, rid)
     if messages is None:
@@ -192,25 +204,32 @@ def build_example(row: Mapping, tokenizer: Any, max_length: int, *, index: int |
         kw = {"tokenize": True, "return_dict": True, "return_assistant_tokens_mask": True}
         out = _render(tokenizer, messages, tools, rid, chat_template=template, **kw)
         ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
-        if len(ids) > max_length:
+        if drop and len(ids) > max_length:
             return {"id": rid, "dropped": "too_long", "tokens": len(ids)}
     else:
         text = _render(tokenizer, messages, tools, rid)
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
-        if len(ids) > max_length:  # before the prefix renderings, which are the costly part
+        if drop and len(ids) > max_length:  # before the prefix renderings, which are the costly part
             return {"id": rid, "dropped": "too_long", "tokens": len(ids)}
         mask = _span_mask(enc["offset_mapping"], _turn_spans(tokenizer, messages, tools, text, rid))
+    whole = len(ids)
+    ids, mask = ids[:max_length], mask[:max_length]
     if 1 not in mask:
-        return {"id": rid, "dropped": "no_assistant_turn", "tokens": len(ids)}
-    return {"id": rid, "input_ids": ids, "assistant_masks": mask, "tokens": len(ids)}
+        return {"id": rid, "dropped": "no_assistant_turn", "tokens": whole}
+    ex = {"id": rid, "input_ids": ids, "assistant_masks": mask, "tokens": len(ids)}
+    if whole > len(ids):
+        ex["truncated_from"] = whole
+    return ex
 
 
-def prepare_examples(rows: Iterable[Mapping[str, Any]], tokenizer: Any, max_length: int) -> tuple[list, list]:
+def prepare_examples(
+    rows: Iterable[Mapping[str, Any]], tokenizer: Any, max_length: int, overlong: str = "truncate"
+) -> tuple[list, list]:
     """(kept examples, dropped records) of `rows`, in order."""
     kept, dropped = [], []
     for n, row in enumerate(rows):
-        ex = build_example(row, tokenizer, max_length, index=n)
+        ex = build_example(row, tokenizer, max_length, index=n, overlong=overlong)
         (dropped if "dropped" in ex else kept).append(ex)
     return kept, dropped
 
@@ -383,7 +402,10 @@ def train_sft(
     rows = list(rows)
     out_dir, metrics_path = Path(out_dir), Path(metrics_path)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    kept, dropped = prepare_examples(rows, tokenizer, settings.max_length)
+    kept, dropped = prepare_examples(rows, tokenizer, settings.max_length, settings.overlong)
+    truncated = [{"id": e["id"], "tokens": e["truncated_from"]} for e in kept if "truncated_from" in e]
+    for t in truncated:
+        log.warning("SFT row %s truncated: %d tokens to %d", t["id"], t["tokens"], settings.max_length)
     by_reason = dict(sorted(Counter(d["dropped"] for d in dropped).items()))
     if not kept:
         raise TrainError(
@@ -420,6 +442,7 @@ def train_sft(
         "kept": len(kept),
         "dropped": [{"id": d["id"], "reason": d["dropped"], "tokens": d["tokens"]} for d in dropped],
         "dropped_by_reason": by_reason,
+        "truncated": truncated,
         "trained_tokens": history[-1]["tokens_total"] if history else 0,
         "assistant_tokens": history[-1]["assistant_tokens_total"] if history else 0,
         "steps": int(trainer.state.global_step),

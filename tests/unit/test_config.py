@@ -221,6 +221,17 @@ def test_production_config_is_valid():
     assert list(cfg["dataset"]["splits"]) == ["train", "validation"]
 
 
+def test_sft_recipe_is_valid_on_the_production_config():
+    """config/swesmith-sft.yaml as the README runs it: layered on swegym-e2b.yaml, SWE-smith's batch."""
+    cfg = load_config(ROOT / "config" / "swegym-e2b.yaml", ROOT / "config" / "swesmith-sft.yaml")
+    tr = cfg["sft"]["train"]
+    per_update = (
+        tr["per_device_batch"] * tr["grad_accum"] * tr["parallel"]["nodes"] * tr["parallel"]["gpus_per_node"]
+    )
+    assert per_update == 8 and tr["max_length"] == 32768 and tr["overlong"] == "truncate"
+    assert cfg["train"]["enabled"] is False
+
+
 @pytest.mark.parametrize(
     "text, expected",
     [

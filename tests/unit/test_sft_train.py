@@ -205,7 +205,7 @@ def test_drops_are_reported(tok):
         **bad["messages"][2],
         "tool_calls": [{"function": {"name": "Read", "arguments": "{oops"}}],
     }
-    kept, dropped = prepare_examples([_text_row(0), long_row, no_turn, bad, _text_row(1)], tok, 64)
+    kept, dropped = prepare_examples([_text_row(0), long_row, no_turn, bad, _text_row(1)], tok, 64, "drop")
     assert [k["id"] for k in kept] == ["text-0", "text-1"]
     assert [(d["id"], d["dropped"]) for d in dropped] == [
         ("long", "too_long"),
@@ -213,6 +213,25 @@ def test_drops_are_reported(tok):
         ("bad-args", "bad_tool_arguments"),
     ]
     assert dropped[0]["tokens"] > 64
+
+
+def test_an_overlong_row_is_cut_to_max_length_as_the_recipe_does(tok):
+    """SWE-smith's torchtune recipe truncates at max_seq_len: the first max_length tokens are trained on,
+    their mask as in the whole rendering; a row whose model turns all lie past the cut has nothing left."""
+    long_row = {"id": "long", "messages": [
+        {"role": "user", "content": "fix it"}, {"role": "assistant", "content": "looking"},
+        {"role": "user", "content": "x " * 300}, {"role": "assistant", "content": "done"},
+    ]}  # fmt: skip
+    late = {"id": "late", "messages": [{"role": "user", "content": "x " * 300}, {"role": "assistant", "content": "y"}]}  # fmt: skip
+    whole = build_example(long_row, tok, 100_000)
+    kept, dropped = prepare_examples([long_row, late], tok, 64)
+    assert [k["id"] for k in kept] == ["long"] and kept[0]["truncated_from"] == whole["tokens"] > 64
+    assert kept[0]["input_ids"] == whole["input_ids"][:64]
+    assert kept[0]["assistant_masks"] == whole["assistant_masks"][:64] and 1 in kept[0]["assistant_masks"]
+    assert [(d["id"], d["dropped"]) for d in dropped] == [("late", "no_assistant_turn")]
+    assert dropped[0]["tokens"] > 64
+    with pytest.raises(TrainError, match="overlong"):
+        SFTSettings(overlong="keep")
 
 
 def test_all_dropped_raises(model_dir, tmp_path):
@@ -231,10 +250,16 @@ def test_settings_from_mapping():
 TRAIN = SFTSettings(epochs=100, max_steps=20, lr=1e-3, lr_scheduler="constant", warmup_steps=0, max_length=96, save_every=10)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def trained(model_dir, tmp_path_factory):
+def _train_rows():
     rows = [_text_row(i) for i in range(4)]
     rows.append({"id": "too-long", "messages": [{"role": "user", "content": "z " * 200}, {"role": "assistant", "content": "ok"}]})  # fmt: skip
+    rows.append({"id": "cut", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "z " * 200}]})  # fmt: skip
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(model_dir, tmp_path_factory):
+    rows = _train_rows()
     out = tmp_path_factory.mktemp("sft")
     summary = train_sft(rows, model_dir, out / "run", TRAIN, metrics_path=out / "run" / "metrics.jsonl")
     return out / "run", summary
@@ -242,9 +267,13 @@ def trained(model_dir, tmp_path_factory):
 
 def test_sft_trains_on_cpu(trained):
     out, s = trained
-    assert s["rows"] == 5 and s["kept"] == 4 and s["steps"] == 20 and s["world_size"] == 1
-    assert s["dropped"] == [{"id": "too-long", "reason": "too_long", "tokens": s["dropped"][0]["tokens"]}]
-    assert s["dropped"][0]["tokens"] > 96 and s["dropped_by_reason"] == {"too_long": 1}
+    assert s["rows"] == 6 and s["kept"] == 5 and s["steps"] == 20 and s["world_size"] == 1
+    # truncated as the recipe does: "cut" keeps its first turn; "too-long" has no model turn left
+    assert s["dropped"] == [
+        {"id": "too-long", "reason": "no_assistant_turn", "tokens": s["dropped"][0]["tokens"]}
+    ]
+    assert s["dropped"][0]["tokens"] > 96 and s["dropped_by_reason"] == {"no_assistant_turn": 1}
+    assert [t["id"] for t in s["truncated"]] == ["cut"] and s["truncated"][0]["tokens"] > 96
     assert s["loss_last"] < s["loss_first"] - 1.0, (s["loss_first"], s["loss_last"])
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == list(range(1, 21))
@@ -289,8 +318,7 @@ def test_resume_from_checkpoint(trained, model_dir, tmp_path):
     shutil.rmtree(out / "final")
     with open(out / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 21, "loss"')  # a torn line is ignored
-    rows = [_text_row(i) for i in range(4)]
-    s2 = train_sft(rows, model_dir, out, TRAIN, metrics_path=out / "metrics.jsonl")
+    s2 = train_sft(_train_rows(), model_dir, out, TRAIN, metrics_path=out / "metrics.jsonl")
     assert s2["resumed_from_step"] == 10 and s2["steps"] == 20
     a = [json.loads(x) for x in (first / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
