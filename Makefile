@@ -33,6 +33,12 @@ $(VENV)/.verl-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,report,test,verl]'
 	touch $@
 
+# megatron-core 0.16.1 (the old pin, from the package index) beside the venv for
+# tests/unit/test_megatron_qwen35.py: it must refuse Qwen3.5's Gated DeltaNet at context parallel 4
+$(VENV)/megatron-core-0.16.1/.installed: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/megatron-core-0.16.1 'megatron-core==0.16.1'
+	touch $@
+
 setup: $(VENV)/.installed $(VENV)/harness5/.installed $(VENV)/upstream/.installed
 
 system:
@@ -44,7 +50,7 @@ system-test:
 run: setup system
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --profile profiles/local
 
-test: setup $(VENV)/.verl-installed system-test
+test: setup $(VENV)/.verl-installed $(VENV)/megatron-core-0.16.1/.installed system-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS) tests
 
 lint: setup

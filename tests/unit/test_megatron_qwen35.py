@@ -4,7 +4,8 @@ refuses it ("Gated delta net does not support context parallel for now").
 The megatron-core checks run `python -m sweflow.models.megatron_qwen35` on each megatron-core found: the one
 this interpreter imports (the GPU environment, envs/train-verl.yaml) and every `pip install --target` folder
 named `<venv>/megatron-core-<version>/` (`pip install --no-deps --target .venv/megatron-core-0.16.1
-megatron-core==0.16.1` works from the package index). The pin itself (0.19.0) is not on the package index and
+megatron-core==0.16.1` works from the package index;
+`make test` installs it, so CI runs the refusal). The pin itself (0.19.0) is not on the package index and
 declares Python >= 3.12. On this CPU venv it runs from a wheel of the release commit (`git archive
 5d4cf1d00bcc | tar -x -C src` in NVIDIA/Megatron-LM, then `pip wheel --no-deps --no-build-isolation
 --ignore-requires-python src` with setuptools>=80 and pybind11), installed with `pip install --no-deps
