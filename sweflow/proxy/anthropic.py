@@ -250,9 +250,13 @@ def stop_reason_for(finish_reason: str, has_tool_calls: bool, stop_sequence: str
     return "end_turn"
 
 
-def content_blocks(text: str, tool_calls: list[ToolCall]) -> list[dict]:
-    """Text (when non-empty) then one tool_use block per call, each with a fresh unique id."""
+def content_blocks(text: str, tool_calls: list[ToolCall], reasoning: str = "") -> list[dict]:
+    """A thinking block (when there is reasoning), text (when non-empty), then one tool_use block per
+    call, each with a fresh unique id. The thinking block's signature is an opaque id: the proxy never
+    reads it back (a token-in/token-out call reuses the model's own ids, whatever the agent echoes)."""
     blocks: list[dict] = []
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": new_id("sig_")})
     if text:
         blocks.append({"type": "text", "text": text})
     for call in tool_calls:

@@ -179,6 +179,7 @@ class SessionRecord:
         self._tool_inputs: dict[str, dict] = {}
         self._in_flight = 0
         self.lineages = LineageBook()  # token-in/token-out state (sweflow.proxy.tito)
+        self._commits: dict[int, tuple[int, int]] = {}  # turn index -> (lineage, version it committed)
 
     def enter(self, limit: int | None) -> bool:
         """Count one request in flight unless `limit` are already (None: no limit)."""
@@ -229,15 +230,23 @@ class SessionRecord:
             self._next_index += 1
             return index
 
-    def add(self, turn: Turn) -> None:
+    def add(self, turn: Turn, commit: tuple[int, int] | None = None) -> None:
+        """Keep `turn`; `commit` (lineage, version) is the lineage commit its answer made."""
         with self._lock:
             self._turns.append(turn)
+            if commit is not None:
+                self._commits[turn.index] = commit
 
     def mark_aborted(self, index: int) -> None:
+        """The turn's answer never reached the agent: linearisation skips it and its lineage commit is
+        undone, so the agent's retry extends the lineage as it stood before (one sample, not two)."""
         with self._lock:
             for turn in self._turns:
                 if turn.index == index:
                     turn.aborted = True
+            commit = self._commits.pop(index, None)
+        if commit is not None:
+            self.lineages.rollback(*commit)
 
     def num_turns(self) -> int:
         with self._lock:

@@ -63,10 +63,10 @@ def output_text(response: dict, reasoning: str = "", tokenizer: Any = None, stop
     return (f"{reasoning}\n</think>\n\n" if reasoning else "") + body
 
 
-def _echoed(request: dict, ids: dict[str, str], answers: dict[Any, str]) -> dict:
+def _echoed(request: dict, ids: dict[str, str], answers: dict[Any, tuple[str, list[dict]]]) -> dict:
     """The recorded request with the agent's echo of earlier answers replaced by this proxy's answers: each
     assistant message the agent sent for a recorded response (known by its tool-call ids, or by its text
-    when it called no tool) gets the text this proxy answered; its tool calls stay as the agent wrote them
+    when it called no tool) gets the thinking block and text this proxy answered; its tool calls stay as the agent wrote them
     (re-serialised inputs and all), with this proxy's ids."""
     out = copy.deepcopy(request)
     for msg in out.get("messages") or []:
@@ -79,8 +79,13 @@ def _echoed(request: dict, ids: dict[str, str], answers: dict[Any, str]) -> dict
         )
         if key not in answers:
             continue
-        rest = [b for b in content if not (isinstance(b, dict) and b.get("type") == "text")]
-        msg["content"] = ([{"type": "text", "text": answers[key]}] if answers[key] else []) + rest
+        text, thinking = answers[key]
+        rest = [
+            b
+            for b in content
+            if not (isinstance(b, dict) and b.get("type") in ("text", "thinking", "redacted_thinking"))
+        ]
+        msg["content"] = thinking + ([{"type": "text", "text": text}] if text else []) + rest
     raw = json.dumps(out)
     for old, new in ids.items():
         raw = raw.replace(json.dumps(old), json.dumps(new))
@@ -104,7 +109,7 @@ def replay_session(
         proxy.create_session(session_id)
         stop = proxy.stop_ids[0]
         id_map: dict[str, str] = {}
-        answers: dict[Any, str] = {}
+        answers: dict[Any, tuple[str, list[dict]]] = {}
         call_s: list[float] = []
         for turn in sorted(turns, key=lambda t: t["index"]):
             if turn.get("aborted"):
@@ -122,8 +127,9 @@ def replay_session(
             new_ids = [b["id"] for b in got if b.get("type") == "tool_use"]
             id_map.update(zip(old_ids, new_ids, strict=False))
             old_text = "".join(b.get("text", "") for b in recorded if b.get("type") == "text")
-            answers[tuple(old_ids) or old_text] = "".join(
-                b.get("text", "") for b in got if b.get("type") == "text"
+            answers[tuple(old_ids) or old_text] = (
+                "".join(b.get("text", "") for b in got if b.get("type") == "text"),
+                [b for b in got if b.get("type") == "thinking"],  # echoed back, as Claude Code does
             )
         traj = proxy.read_trajectory(session_id)
     finally:

@@ -35,7 +35,7 @@ from sweflow.proxy.handler import HttpError, ProxyHandler, ProxyHTTPServer, chec
 from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn
 from sweflow.proxy.tito import MODES, Plan, SuffixError, SuffixRenderer, suffix_template
 from sweflow.proxy.tokenize import PromptTooLong, TokenizerPool
-from sweflow.proxy.toolcalls import parse_tool_calls
+from sweflow.proxy.toolcalls import THINK_OPEN, parse_tool_calls, split_reasoning
 
 log = logging.getLogger("sweflow.proxy")
 
@@ -371,6 +371,10 @@ class ProxyServer:
             log.warning("engine error: %s", exc)
             raise HttpError(502, "api_error", f"engine error: {type(exc).__name__}: {exc}") from exc
 
+    def _opens_thinking(self, prompt_ids: list[int]) -> bool:
+        """Whether the prompt ends inside an open `<think>` block (Qwen3.5's thinking generation prompt)."""
+        return self._tokenizers.decode(prompt_ids[-4:]).rstrip().endswith(THINK_OPEN)
+
     def decode(self, output_ids: list[int]) -> str:
         ids = list(output_ids)
         while ids and ids[-1] in self.stop_ids:
@@ -448,13 +452,16 @@ class ProxyServer:
         index = rec.next_index()
         result = self._generate(prompt_ids, sampling)
         generated = time.time()
-        parsed = parse_tool_calls(self.decode(result.output_ids), req.tools)
-        blocks = an.content_blocks(parsed.text, parsed.tool_calls) or [{"type": "text", "text": ""}]
+        reasoning, answer = split_reasoning(self.decode(result.output_ids), self._opens_thinking(prompt_ids))
+        parsed = parse_tool_calls(answer, req.tools)
+        blocks = an.content_blocks(parsed.text, parsed.tool_calls, reasoning) or [
+            {"type": "text", "text": ""}
+        ]
         rec.remember_tool_inputs(blocks)
-        lineage, build = None, "render"
+        lineage, build, commit = None, "render", None
         if plan is not None:
             output = list(result.output_ids)
-            lineage, build = rec.lineages.commit(
+            lineage, build, version = rec.lineages.commit(
                 plan,
                 chat=chat,
                 tools=tools,
@@ -462,6 +469,7 @@ class ProxyServer:
                 ids=prompt_ids + output,
                 ended_with_stop=bool(output) and output[-1] in self.stop_ids,
             )
+            commit = (lineage, version)
         stop_reason = an.stop_reason_for(result.finish_reason, bool(parsed.tool_calls))
         message = an.build_message(
             model=req.model,
@@ -497,7 +505,7 @@ class ProxyServer:
         if self.config.record_messages:
             turn.request = _request_record(req)
             turn.response = {k: message.get(k) for k in ("id", "model", "content", "stop_reason", "usage")}
-        rec.add(turn)
+        rec.add(turn, commit)
         return message, rec, index
 
 

@@ -165,6 +165,7 @@ class Lineage:
     ids: list[int] = field(default_factory=list)  # last prompt ids + output ids
     ended_with_stop: bool = True
     version: int = 0  # bumped by every commit: a concurrent sibling request forks instead
+    previous: tuple | None = None  # (chat, answer, ids, ended_with_stop) before the last commit
 
 
 @dataclass
@@ -179,6 +180,15 @@ class Plan:
 
 def _norm_tools(tools: Any) -> Any:
     return tools or None
+
+
+def _same_answer(echoed: dict, answer: dict) -> bool:
+    """Whether the agent echoed the answered assistant message. Its reasoning is not compared: the
+    lineage holds the model's own reasoning tokens, whatever the agent sends back (Claude Code keeps or
+    drops thinking blocks by its own rules)."""
+    return {k: v for k, v in echoed.items() if k != "reasoning_content"} == {
+        k: v for k, v in answer.items() if k != "reasoning_content"
+    }
 
 
 class LineageBook:
@@ -209,7 +219,7 @@ class LineageBook:
             if chat[0:1] != lin.chat[0:1]:
                 reason = "system_changed" if reason == "history_rewrite" else reason
                 continue
-            if chat[:n] != lin.chat or chat[n] != lin.answer:
+            if chat[:n] != lin.chat or not _same_answer(chat[n], lin.answer):
                 continue
             if lin.tools != tools:
                 reason = "tools_changed"
@@ -231,20 +241,36 @@ class LineageBook:
         answer: dict,
         ids: list[int],
         ended_with_stop: bool,
-    ) -> tuple[int, str]:
+    ) -> tuple[int, str, int]:
         """Record a finished call: extend the planned lineage, or start one; (lineage id, how: "append" or
-        why a new lineage started)."""
+        why a new lineage started, the lineage's version after the commit, for `rollback`)."""
         tools = _norm_tools(tools)
         with self._lock:
             lin = plan.lineage
             if lin is not None and lin.version == plan.version:
+                lin.previous = (lin.chat, lin.answer, lin.ids, lin.ended_with_stop)
                 lin.chat, lin.answer, lin.ids = chat, answer, ids
                 lin.ended_with_stop, lin.version = ended_with_stop, lin.version + 1
-                return lin.id, "append"
+                return lin.id, "append", lin.version
             reason = plan.reason if lin is None else "concurrent_fork"
             new = Lineage(len(self._lineages), reason, tools, chat, answer, ids, ended_with_stop, 1)
             self._lineages.append(new)
-            return new.id, reason
+            return new.id, reason, new.version
+
+    def rollback(self, lineage_id: int, version: int) -> bool:
+        """Undo the commit that left lineage `lineage_id` at `version` (its answer never reached the agent,
+        so the agent's retry must extend the lineage as it was). A lineage that commit started can never
+        be extended again; a later commit on the lineage makes the undo a no-op (False)."""
+        with self._lock:
+            lin = self._lineages[lineage_id] if 0 <= lineage_id < len(self._lineages) else None
+            if lin is None or lin.version != version:
+                return False
+            if lin.previous is None:
+                lin.answer, lin.ids = None, []
+            else:
+                lin.chat, lin.answer, lin.ids, lin.ended_with_stop = lin.previous
+            lin.previous, lin.version = None, lin.version + 1
+            return True
 
     def reasons(self) -> list[str]:
         with self._lock:

@@ -137,6 +137,24 @@ def parse_tool_calls(text: str, tools: list[dict] | None = None) -> ParsedOutput
     return ParsedOutput(text="".join(kept).strip(), tool_calls=calls, errors=errors)
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def split_reasoning(text: str, opened: bool) -> tuple[str, str]:
+    """(reasoning, answer) of one output, as the recipe's `qwen3` reasoning parser splits it.
+
+    Reasoning is on when the prompt's generation prompt opened a `<think>` block (`opened`, Qwen3.5's
+    thinking template) or the output opens one itself; it runs to the first `</think>` (all of the output
+    when cut before it). Otherwise the whole output is the answer. Both parts are stripped."""
+    if not opened and THINK_OPEN not in text:
+        return "", text
+    body = text.replace(THINK_OPEN, "", 1)
+    if THINK_CLOSE not in body:
+        return body.strip(), ""
+    reasoning, answer = body.split(THINK_CLOSE, 1)
+    return reasoning.strip(), answer.strip()
+
+
 def format_qwen_xml(name: str, arguments: dict[str, Any]) -> str:
     """Render one call in Qwen3-coder XML (non-string values as JSON), as the tiny template does."""
     lines = ["<tool_call>", f"<function={name}>"]

@@ -433,6 +433,46 @@ def test_client_disconnect_mid_stream_is_recorded_and_harmless(tok):
         assert read(client, "other")["turns"][0]["aborted"] is False
 
 
+def test_a_retry_after_a_disconnect_extends_the_lineage_as_it_was(tok):
+    """The answer that never reached the agent is rolled back out of the lineage: the agent's retry of the
+    same request appends to the first call's exact ids, and the session stays one sample."""
+    answers = iter(["first answer", "word " * 4000, "retried answer"])
+    engine = ScriptedEngine(lambda ids: next(answers), tok, delay_s=0.3)
+    with running(engine, tok, sessions=("s",)) as (proxy, client):
+        first = [{"role": "user", "content": "hi"}]
+        one = post(client, "s", body(first)).json()
+        second = [*first, {"role": "assistant", "content": one["content"]}, {"role": "user", "content": "go"}]
+        payload = json.dumps(body(second, stream=True, max_tokens=20000)).encode()
+        host, port = proxy.url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(
+            (
+                f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {client.tokens['s']}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+            ).encode()
+            + payload
+        )
+        sock.close()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            turns = read(client, "s")["turns"]
+            if len(turns) == 2 and turns[1]["aborted"]:
+                break
+            time.sleep(0.05)
+        assert [t["aborted"] for t in read(client, "s")["turns"]] == [False, True]
+        assert post(client, "s", body(second)).status_code == 200
+        traj = read(client, "s")
+    assert [t["token_build"] for t in traj["turns"]] == ["first", "append", "append"]
+    [sample] = traj["samples"]
+    assert sample["turn_indices"] == [0, 2] and sample["lineage_reason"] == "first"
+    t0, t2 = traj["turns"][0], traj["turns"][2]
+    assert (
+        t2["prompt_ids"][: len(t0["prompt_ids"]) + len(t0["output_ids"])]
+        == t0["prompt_ids"] + t0["output_ids"]
+    )
+    assert "word word" not in tok.decode(sample["token_ids"])
+
+
 def test_sampling_params_reach_engine(tok):
     seen: list[SamplingParams] = []
 

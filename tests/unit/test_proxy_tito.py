@@ -261,3 +261,59 @@ def test_the_production_recipe_builds_prompts_as_the_recipes_proxy_does(qwen):
         server._httpd.server_close()
     # the embedded default keeps the schema's default: tito, family read from the tokenizer
     assert proxy_settings({})["build_mode"] == "tito"
+
+
+@pytest.mark.parametrize(
+    ("text", "opened", "want"),
+    [
+        ("plan\n</think>\n\nanswer", True, ("plan", "answer")),
+        ("<think>plan</think>answer", False, ("plan", "answer")),
+        ("cut off mid-thought", True, ("cut off mid-thought", "")),
+        ("no reasoning here", False, ("", "no reasoning here")),
+        ("a literal </think> with none opened", False, ("", "a literal </think> with none opened")),
+        ("\n</think>\n\n<tool_call>x</tool_call>", True, ("", "<tool_call>x</tool_call>")),
+    ],
+)
+def test_reasoning_is_split_as_the_qwen3_reasoning_parser_does(text, opened, want):
+    from sweflow.proxy.toolcalls import split_reasoning
+
+    assert split_reasoning(text, opened) == want
+
+
+@pytest.mark.parametrize("echo_thinking", [True, False])
+def test_reasoning_comes_back_as_a_thinking_block_and_the_lineage_holds_its_ids(qwen, echo_thinking):
+    """Qwen3.5's generation prompt opens `<think>`: the model's reasoning is a thinking block (before the
+    text and tool calls), never text; whether the agent echoes it or drops it, the next call extends the
+    lineage with the model's own reasoning tokens."""
+    from sweflow.proxy import anthropic as an
+
+    tool = {"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}
+    call = "<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>"
+    engine = Echo(qwen, f"{REASONING}\n</think>\n\nLooking.\n{call}")
+    with ProxyServer(engine, qwen, ProxyConfig()) as proxy:
+        proxy.create_session("s")
+        first = [{"role": "user", "content": "fix it"}]
+        ans, _, _ = proxy.handle_messages("s", {**_body(first, [tool])})
+        kinds = [b["type"] for b in ans["content"]]
+        assert kinds == ["thinking", "text", "tool_use"], ans["content"]
+        assert ans["content"][0]["thinking"] == REASONING and ans["content"][1]["text"] == "Looking."
+        assert ans["content"][0]["signature"] and REASONING not in json.dumps(ans["content"][1:])
+        stream = [d["delta"] for e, d in an.sse_events(ans) if e == "content_block_delta"]
+        assert stream[0] == {"type": "thinking_delta", "thinking": REASONING}
+        echoed = ans["content"] if echo_thinking else ans["content"][1:]
+        use = ans["content"][2]
+        second = [
+            *first,
+            {"role": "assistant", "content": echoed},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "a.py"}],
+            },
+        ]
+        proxy.handle_messages("s", _body(second, [tool]))
+        traj = proxy.read_trajectory("s")
+    assert [t["token_build"] for t in traj["turns"]] == ["first", "append"]
+    [sample] = traj["samples"]
+    assert qwen.decode(sample["token_ids"]).count(REASONING) == 2
+    p0, p1 = engine.prompts
+    assert p1[: len(p0) + len(engine.ids)] == p0 + engine.ids
