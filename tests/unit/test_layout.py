@@ -18,7 +18,13 @@ SCRIPT_RE = re.compile(r"^\s*script:\s*\n\s*f?[\"']([^\"']+)[\"']", re.M)
 WORKFLOW_IMPORT_RE = re.compile(r"^\s*(?:from|import)\s+(sweflow(?:\.\w+)*)", re.M)
 # What the Snakefile and rules/*.smk may import at parse time: their own stage module and the cross-cutting
 # config, errors and redaction.
-WORKFLOW_MODULES = {"sweflow.stages.common", "sweflow.config", "sweflow.errors", "sweflow.util"}
+WORKFLOW_MODULES = {
+    "sweflow.stages.common",
+    "sweflow.config",
+    "sweflow.errors",
+    "sweflow.params",
+    "sweflow.util",
+}
 # Public module-level functions that share a name but are different things (not one mechanism twice).
 SAME_NAME_DIFFERENT_THING = {
     "main": "each `python -m` entry point has its own",
