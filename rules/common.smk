@@ -14,6 +14,7 @@ from sweflow.stages.common import (
     smith_harness,
 )
 from sweflow.errors import ConfigError
+from sweflow.params import canonical, result_values, section
 from sweflow.util import redact
 
 min_version("9.0")
@@ -87,6 +88,13 @@ def redacted(section):
     return json.loads(redact(json.dumps(section)))
 
 
+def result_params(path):
+    """Params for the config section at dotted `path`: only the values that can change a result
+    (config/keys.yaml), sorted and in one number form, credentials redacted. Scripts read the whole
+    section (operational values too) from the config at run time (sweflow.rulekit.live)."""
+    return redacted(result_values(section(config, path), path))
+
+
 def split_file(wildcards):
     return config["dataset"]["splits"][wildcards.split]["file"]
 
@@ -110,8 +118,9 @@ def expected_rows(wildcards):
 
 
 def dataset_setting(key):
-    """An input/params function: the per-dataset setting `key` of the wildcards' dataset (DATASETS)."""
-    return lambda wildcards: DATASETS[wildcards.dataset][key]
+    """An input/params function: the per-dataset setting `key` of the wildcards' dataset (DATASETS),
+    canonical (sorted keys) so a reordered config is the same param."""
+    return lambda wildcards: canonical(DATASETS[wildcards.dataset][key])
 
 
 def dataset_files(pattern):

@@ -19,7 +19,6 @@ rule resolve_dataset:
         revision=config["dataset"]["revision"],
         endpoint=HUB_ENDPOINT_PARAM,
         offline_dir=config["dataset"]["hub"]["offline_dir"],
-        timeout=config["dataset"]["hub"]["timeout_sec"],
     script:
         "../scripts/resolve_dataset.py"
 
@@ -45,8 +44,6 @@ rule download:
         filename=split_file,
         endpoint=HUB_ENDPOINT_PARAM,
         offline_dir=config["dataset"]["hub"]["offline_dir"],
-        attempts=config["dataset"]["hub"]["download_attempts"],
-        timeout=config["dataset"]["hub"]["timeout_sec"],
     script:
         "../scripts/download.py"
 
@@ -131,7 +128,7 @@ rule convert:
         max_problem_statement_chars=config["dataset"]["max_problem_statement_chars"],
         provider=PROVIDER,
         harness=dataset_setting("harness"),
-        agent=config["agent"],
+        agent=result_params("agent"),
         sandbox_timeout_sec=config["sandbox"]["timeout_sec"],
         naming=dataset_setting("naming"),
     script:

@@ -22,7 +22,7 @@ rule e2e_check:
         "../envs/agent.yaml"
     params:
         provider=PROVIDER,
-        sandbox=config["sandbox"],
+        sandbox=result_params("sandbox"),
         tokenizer=config["e2e"]["tokenizer"],
     script:
         "../scripts/e2e_check.py"

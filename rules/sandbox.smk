@@ -38,7 +38,7 @@ rule build_template:
     conda:
         "../envs/sandbox.yaml"
     params:
-        sandbox=config["sandbox"],
+        sandbox=result_params("sandbox"),
         task_repos=task_repos,
     script:
         "../scripts/build_template.py"
@@ -54,7 +54,7 @@ rule smoke:
     conda:
         "../envs/sandbox.yaml"
     params:
-        sandbox=config["sandbox"],
+        sandbox=result_params("sandbox"),
     script:
         "../scripts/smoke.py"
 

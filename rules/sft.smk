@@ -23,9 +23,9 @@ rule collect_trajectories:
     threads: SFT["collect"]["max_concurrency"]
     params:
         # the key's variable name only: the script reads the value from its environment
-        collect=redacted(SFT["collect"]),
+        collect=result_params("sft.collect"),
         provider=PROVIDER,
-        sandbox=redacted(config["sandbox"]),
+        sandbox=result_params("sandbox"),
         shape=dataset_setting("shape"),
     script:
         "../scripts/collect_trajectories.py"
@@ -45,8 +45,7 @@ rule evaluate_predictions:
     threads: SFT["evaluate"]["parallel"]
     params:
         provider=PROVIDER,
-        sandbox=redacted(config["sandbox"]),
-        parallel=SFT["evaluate"]["parallel"],
+        sandbox=result_params("sandbox"),
     script:
         "../scripts/evaluate_predictions.py"
 
@@ -69,7 +68,7 @@ rule traj_to_messages:
     conda:
         "../envs/sft.yaml"
     params:
-        extra=SFT["messages"]["extra"],
+        extra=canonical(SFT["messages"]["extra"]),
     script:
         "../scripts/traj_to_messages.py"
 
@@ -96,7 +95,7 @@ rule train_sft:
         gres=f"gpu:{SFT_GPUS}" if SFT_GPUS else "",
         slurm_extra="--ntasks-per-node=1 --exclusive",
     params:
-        train=SFT["train"],
+        train=result_params("sft.train"),
     script:
         "../scripts/train_sft.py"
 

@@ -21,9 +21,9 @@ rule repo_env:
     conda:
         "../envs/smith.yaml"
     params:
-        profile=lambda wildcards: SMITH_PROFILES[wildcards.profile].to_dict(),
+        profile=lambda wildcards: canonical(SMITH_PROFILES[wildcards.profile].to_dict()),
         provider=PROVIDER,
-        sandbox=config["sandbox"],
+        sandbox=result_params("sandbox"),
         runs=SMITH["validation"]["runs"],
         harness=config["harness"]["package"],
     script:
@@ -42,7 +42,7 @@ rule bug_candidates:
         "../envs/smith.yaml"
     params:
         # recorded in clear: the LM endpoint's credentials redacted (the script reads the real section)
-        smith=redacted(SMITH),
+        smith=result_params("smith"),
     script:
         "../scripts/bug_candidates.py"
 
@@ -60,8 +60,8 @@ rule validate_candidates:
     threads: SMITH["validation"]["parallel"]
     params:
         provider=PROVIDER,
-        sandbox=config["sandbox"],
-        validation=SMITH["validation"],
+        sandbox=result_params("sandbox"),
+        validation=result_params("smith.validation"),
         harness=config["harness"]["package"],
         require_p2p=lambda wildcards: SMITH["strategies"][wildcards.strategy].get(
             "require_p2p", True
@@ -103,8 +103,7 @@ rule problem_statements:
         "../envs/smith.yaml"
     params:
         shards=SMITH["statements"]["shards"],
-        attempts=SMITH["statements"]["attempts"],
-        lm=redacted(SMITH["lm"]),
+        lm=result_params("smith.lm"),
     script:
         "../scripts/problem_statements.py"
 

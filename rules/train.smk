@@ -15,7 +15,6 @@ rule resolve_model:
         repo_id=TRAIN_MODEL["repo_id"],
         revision=TRAIN_MODEL["revision"],
         endpoint=redact(MODEL_ENDPOINT or "") or None,
-        timeout=TRAIN_MODEL["timeout_sec"],
     script:
         "../scripts/resolve_model.py"
 
@@ -35,8 +34,6 @@ rule download_model:
     params:
         endpoint=redact(MODEL_ENDPOINT or "") or None,
         allow_patterns=TRAIN_MODEL["allow_patterns"],
-        attempts=TRAIN_MODEL["download_attempts"],
-        timeout=TRAIN_MODEL["timeout_sec"],
     script:
         "../scripts/download_model.py"
 
@@ -115,8 +112,8 @@ rule train_grpo:
     params:
         provider=PROVIDER,
         # secrets stay out of params (recorded in clear): the script reads the live sections from config
-        train=redacted(TRAIN),
-        sandbox=redacted(config["sandbox"]),
+        train=result_params("train"),
+        sandbox=result_params("sandbox"),
     script:
         "../scripts/train_grpo.py"
 

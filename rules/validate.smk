@@ -42,8 +42,8 @@ rule validate_task:
     threads: config["validation"]["parallel"]
     params:
         provider=PROVIDER,
-        sandbox=config["sandbox"],
-        validation=config["validation"],
+        sandbox=result_params("sandbox"),
+        validation=result_params("validation"),
     script:
         "../scripts/validate_task.py"
 

@@ -8,7 +8,7 @@ with from_snakemake(smk, f"{smk.scriptdir}/build_template.py"):
         smk.input.image,
         smk.output.record,
         provider=smk.wildcards.provider,
-        cfg=smk.params.sandbox,
+        cfg=smk.config["sandbox"],  # params hold only its result values
         claude_record=smk.input.get("claude"),
         wheel_record=smk.input.get("wheel"),
         task_repos=smk.params.task_repos,

@@ -11,6 +11,6 @@ with from_snakemake(smk, f"{smk.scriptdir}/download.py"):
         filename=p.filename,
         endpoint=smk.config["dataset"]["hub"]["endpoint"],  # the param is redacted
         offline_dir=p.offline_dir,
-        attempts=p.attempts,
-        timeout=p.timeout,
+        attempts=smk.config["dataset"]["hub"]["download_attempts"],  # operational: not params
+        timeout=smk.config["dataset"]["hub"]["timeout_sec"],
     )

@@ -11,6 +11,6 @@ with from_snakemake(smk, f"{smk.scriptdir}/download_model.py"):
         smk.output.manifest,
         endpoint=model_endpoint(smk.config),  # the param is redacted
         allow_patterns=p.allow_patterns,
-        attempts=p.attempts,
-        timeout=p.timeout,
+        attempts=smk.config["train"]["model"]["download_attempts"],  # operational: not params
+        timeout=smk.config["train"]["model"]["timeout_sec"],
     )

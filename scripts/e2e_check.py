@@ -9,7 +9,7 @@ with from_snakemake(smk, f"{smk.scriptdir}/e2e_check.py"):
         smk.output.report,
         instance_id=smk.wildcards.instance_id,
         provider=smk.params.provider,
-        cfg=smk.params.sandbox,
+        cfg=smk.config["sandbox"],  # params hold only its result values
         tokenizer=smk.params.tokenizer,
         evidence_out=smk.output.evidence,
         trajectories_out=smk.output.trajectories,

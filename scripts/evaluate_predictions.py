@@ -11,5 +11,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/evaluate_predictions.py"):
         smk.output.evidence,
         provider=smk.params.provider,
         cfg=smk.config["sandbox"],
-        parallel=smk.params.parallel,
+        parallel=smk.config["sft"]["evaluate"]["parallel"],  # operational: not a param
     )

@@ -9,7 +9,7 @@ with from_snakemake(smk, f"{smk.scriptdir}/repo_env.py"):
         smk.output.bare,
         smk.output.env,
         provider=smk.params.provider,
-        sandbox_cfg=smk.params.sandbox,
+        sandbox_cfg=smk.config["sandbox"],  # params hold only its result values
         runs=smk.params.runs,
         harness_package=smk.params.harness,
         wheel_record=smk.input.wheel,

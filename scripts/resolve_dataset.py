@@ -12,6 +12,6 @@ with from_snakemake(smk, f"{smk.scriptdir}/resolve_dataset.py") as ctx:
         endpoint=smk.config["dataset"]["hub"]["endpoint"],  # params hold it redacted
         offline_dir=p.offline_dir,
         repo_type=p.repo_type,
-        timeout=p.timeout,
+        timeout=smk.config["dataset"]["hub"]["timeout_sec"],  # operational: not a param
     )
     ctx["dataset"] = {"repo_id": rec["repo_id"], "revision": rec["revision"], "sha": rec["sha"]}

@@ -10,5 +10,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/resolve_model.py"):
         repo_id=p.repo_id,
         revision=p.revision,
         endpoint=model_endpoint(smk.config),  # params hold it redacted
-        timeout=p.timeout,
+        timeout=smk.config["train"]["model"]["timeout_sec"],  # operational: not a param
     )

@@ -4,4 +4,6 @@ from sweflow.stages.sandbox import from_snakemake, smoke_step
 
 smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/smoke.py"):
-    smoke_step(smk.input.record, smk.output.marker, provider=smk.wildcards.provider, cfg=smk.params.sandbox)
+    smoke_step(
+        smk.input.record, smk.output.marker, provider=smk.wildcards.provider, cfg=smk.config["sandbox"]
+    )

@@ -11,5 +11,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/train_sft.py"):
         smk.output.summary,
         smk.output.metrics,
         smk.output.final,
-        train=smk.params.train,
+        train=smk.config["sft"]["train"],  # params hold only its result values
     )

@@ -9,8 +9,8 @@ with from_snakemake(smk, f"{smk.scriptdir}/validate_candidates.py"):
         smk.input.env,
         smk.output.reports,
         provider=smk.params.provider,
-        sandbox_cfg=smk.params.sandbox,
-        validation=smk.params.validation,
+        sandbox_cfg=smk.config["sandbox"],  # params hold only the result values of these sections
+        validation=smk.config["smith"]["validation"],
         harness_package=smk.params.harness,
         require_p2p=smk.params.require_p2p,
         parallel=smk.threads,

@@ -8,8 +8,8 @@ with from_snakemake(smk, f"{smk.scriptdir}/validate_task.py"):
         smk.input.task,
         smk.output.result,
         provider=smk.params.provider,
-        cfg=smk.params.sandbox,
-        validation=smk.params.validation,
+        cfg=smk.config["sandbox"],  # params hold only the result values of these sections
+        validation=smk.config["validation"],
         parallel=smk.threads,
         evidence_out=smk.output.evidence,
     )

@@ -45,6 +45,7 @@ def step(
     code: Sequence[str] = (),
     dataset: dict[str, Any] | None = None,
     provenance: bool = True,
+    operational: Mapping[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Run one rule's work: set up redacting logging, time it, write provenance for `outputs` on success.
 
@@ -96,11 +97,17 @@ def step(
             started=started,
             ended=ended,
             extra=ctx.get("extra"),
+            operational=_plain(operational or {}),
         )
 
 
 def from_snakemake(smk: Any, script_file: str, **kw: Any) -> contextlib.AbstractContextManager:
-    """Unpack a Snakemake `script:` object into `step(...)`."""
+    """Unpack a Snakemake `script:` object into `step(...)`; the provenance records the config's
+    operational values (config/keys.yaml), which params leave out."""
+    from .params import operational_values
+
+    config = getattr(smk, "config", None)
+    kw.setdefault("operational", operational_values(dict(config), "") if config else None)
     return step(
         smk.rule,
         outputs=list(smk.output),
@@ -111,6 +118,14 @@ def from_snakemake(smk: Any, script_file: str, **kw: Any) -> contextlib.Abstract
         code=[script_file],
         **kw,
     )
+
+
+def live(smk: Any, path: str) -> Any:
+    """The config section at dotted `path` as the job sees it: result and operational values, secrets
+    included (params hold only the result values, redacted; sweflow.params)."""
+    from .params import section
+
+    return section(smk.config, path)
 
 
 # Where Snakemake's scheduler makes its re-evaluation timers (snakemake 9: JobScheduler._schedule_reevalutation)

@@ -165,6 +165,7 @@ def write_records(
     started: float,
     ended: float | None = None,
     extra: Mapping[str, Any] | None = None,
+    operational: Mapping[str, Any] | None = None,
     root: str | os.PathLike | None = None,
 ) -> list[Path]:
     """Write one provenance record per output (file or folder) and return the record paths.
@@ -251,11 +252,14 @@ def write_records(
         # the Slurm job that made it (job id, node list, partition); None when it ran outside Slurm
         "slurm": current_job(),
         "extra": jsonable(extra or {}),
+        # the config's operational values at run time (config/keys.yaml): not params, so never a rerun
+        "operational": jsonable(operational or {}),
     }
     # Keys are redacted only where they name values (params, extra); elsewhere values only.
     common = redact_value(common, secrets, by_key=False)
     common["params"] = redact_value(common["params"], secrets)
     common["extra"] = redact_value(common["extra"], secrets)
+    common["operational"] = redact_value(common["operational"], secrets)
 
     written = []
     for p in out_paths:
