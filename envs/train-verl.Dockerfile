@@ -8,6 +8,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
     TOKENIZERS_PARALLELISM=true
 
+COPY envs/harness.txt /tmp/harness.txt
+
 # The base image's torch is replaced by the one verl 0.9.1 pins; everything else is pinned like the conda env.
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cu130 \
         torch==2.11.0 torchvision==0.26.0 torchaudio==2.11.0 \
@@ -25,7 +27,8 @@ RUN pip install --extra-index-url https://download.pytorch.org/whl/cu130 \
         flash-linear-attention==0.5.2 \
         nvidia-modelopt==0.44.0 \
         liger-kernel==0.8.2 \
-        e2b==2.63.0 docker==7.2.0 swebench==4.1.0 httpx==0.28.1 \
+        e2b==2.63.0 docker==7.2.0 httpx==0.28.1 \
+        -r /tmp/harness.txt \
  && MAX_JOBS=8 pip install --no-build-isolation flash-attn==2.8.3
 
 WORKDIR /opt/sweflow

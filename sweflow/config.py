@@ -253,6 +253,17 @@ def _train_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     except ConfigError as exc:
         path = tuple(str(exc.field or "train").split("."))
         raise ConfigError(exc.problem, file=_where(origins, path), field=exc.field, hint=exc.hint) from None
+    if train["engine"] == "verl":  # what composing verl's launch would refuse, refused now
+        from .train.verl_engine import verl_overrides
+
+        try:
+            verl_overrides(Recipe.from_config(train), train_files="-", val_files="-", model_path="-",
+                           out_dir="-", agent_loop_config="-")  # fmt: skip
+        except ConfigError as exc:
+            path = tuple(str(exc.field or "train").split("."))
+            raise ConfigError(
+                exc.problem, file=_where(origins, path), field=exc.field, hint=exc.hint
+            ) from None
     ws = train["warm_start"]
     if ws["enabled"] and ws.get("source") == "sft":
         sft = cfg.get("sft") or {}
@@ -292,6 +303,29 @@ def _sft_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
             file=_where(origins, ("sft", "collect", "expert", "endpoint")),
             field="sft.collect.expert.model",
         )
+
+
+def _proxy_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
+    """E2B sandboxes reach a proxy on this side over the internet: a branch that runs one through E2B needs
+    its public URL before the first job, not hours in (train_grpo, collect_trajectories refuse it too)."""
+    if cfg["sandbox"]["provider"] != "e2b":
+        return
+    needs = []
+    if (cfg.get("train") or {}).get("enabled"):
+        needs.append(("train", "proxy", "public_url"))
+    if (cfg.get("sft") or {}).get("enabled"):
+        needs.append(("sft", "collect", "proxy", "public_url"))
+    for path in needs:
+        node: Any = cfg
+        for part in path:
+            node = (node or {}).get(part) if isinstance(node, dict) else None
+        if not node:
+            raise ConfigError(
+                "E2B sandboxes reach the proxy over the internet, and its public URL is not set",
+                file=_where(origins, path),
+                field=".".join(path),
+                hint="publish the proxy's port over HTTP(S) and set the URL ({port} is filled in per proxy)",
+            )
 
 
 def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
@@ -347,6 +381,7 @@ def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
 
 def _semantic_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     _train_checks(cfg, origins)
+    _proxy_checks(cfg, origins)
     _smith_checks(cfg, origins)
     _sft_checks(cfg, origins)
     ds = cfg["dataset"]
@@ -379,6 +414,19 @@ def _semantic_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
                 )
 
 
+HARNESS_PINS = ROOT / "envs" / "harness.txt"
+
+
+def harness_pins() -> dict[str, str]:
+    """envs/harness.txt, the harness pin every grading env installs: package name -> requirement line."""
+    out = {}
+    for line in HARNESS_PINS.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            out[re.split(r"[\s=<>!~@\[;]", line, maxsplit=1)[0]] = line
+    return out
+
+
 def check_environment(
     cfg: Mapping[str, Any],
     origins: Mapping[Path_, str],
@@ -391,6 +439,13 @@ def check_environment(
     is installed (unless conda envs provide it), the E2B key is set when the provider is e2b."""
     env = os.environ if env is None else env
     package = cfg["harness"]["package"]
+    if conda and package not in harness_pins():
+        raise ConfigError(
+            f"harness package {package!r} is pinned in no conda env (envs/harness.txt)",
+            file=_where(origins, ("harness", "package")),
+            field="harness.package",
+            hint=f"pinned: {', '.join(sorted(harness_pins()))}; add its pin to envs/harness.txt",
+        )
     if not conda and find_spec(package) is None:
         raise ConfigError(
             f"harness package {package!r} is not installed in this Python ({sys.executable})",

@@ -70,7 +70,7 @@ def _opts(cfg, split="train"):
 
 
 def test_every_converted_row_carries_the_recipe_options(tmp_path):
-    cfg = load_config(ROOT / "config" / "swegym-e2b.yaml")
+    cfg = load_config(ROOT / "config" / "swegym-e2b.yaml", ROOT / "tests" / "fixtures" / "site.yaml")
     opts = _opts(cfg)
     for inst in INSTANCES:
         row = convert_instance(inst, template="sweflow-tpl", evaluator_cmd="bash /tmp/eval.sh", opts=opts)

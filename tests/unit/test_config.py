@@ -22,6 +22,7 @@ from sweflow.config import (
 from sweflow.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / "tests" / "fixtures" / "site.yaml"  # the proxy URL a site sets
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -185,7 +186,11 @@ def test_environment_checks_before_the_first_job(tmp_path):
         match=r"field 'harness.package': harness package 'sweflow_no_such_harness' is not installed",
     ):
         check_environment(cfg, origins, env={"E2B_API_KEY": secret})
-    check_environment(cfg, origins, conda=True, env={"E2B_API_KEY": secret})  # the conda env provides it
+    # with conda envs the harness need not be installed here, but one of them must pin it
+    with pytest.raises(ConfigError, match=r"'sweflow_no_such_harness' is pinned in no conda env"):
+        check_environment(cfg, origins, conda=True, env={"E2B_API_KEY": secret})
+    cfg["harness"]["package"] = "swegym"  # pinned (envs/harness.txt), not installed here
+    check_environment(cfg, origins, conda=True, env={"E2B_API_KEY": secret})
 
 
 def test_workflow_config_checks_snakemakes_config_in_place(tmp_path):
@@ -216,14 +221,14 @@ def test_module_entry_point_checks_files_offline(tmp_path):
 
 
 def test_production_config_is_valid():
-    cfg = load_config(ROOT / "config" / "swegym-e2b.yaml")
+    cfg = load_config(ROOT / "config" / "swegym-e2b.yaml", SITE)
     assert cfg["e2e"]["instance"] is None and cfg["sandbox"]["provider"] == "e2b"
     assert list(cfg["dataset"]["splits"]) == ["train", "validation"]
 
 
 def test_sft_recipe_is_valid_on_the_production_config():
     """config/swesmith-sft.yaml as the README runs it: layered on swegym-e2b.yaml, SWE-smith's batch."""
-    cfg = load_config(ROOT / "config" / "swegym-e2b.yaml", ROOT / "config" / "swesmith-sft.yaml")
+    cfg = load_config(ROOT / "config" / "swegym-e2b.yaml", ROOT / "config" / "swesmith-sft.yaml", SITE)
     tr = cfg["sft"]["train"]
     per_update = (
         tr["per_device_batch"] * tr["grad_accum"] * tr["parallel"]["nodes"] * tr["parallel"]["gpus_per_node"]
@@ -249,3 +254,26 @@ def test_url_credentials_are_redacted_wherever_redact_runs(text, expected):
 
     assert redact(text, []) == expected
     assert redact_value({"endpoint": text}, [])["endpoint"] == expected  # provenance params
+
+
+def test_the_production_recipe_without_a_proxy_url_stops_at_config_time_naming_the_key():
+    """E2B sandboxes reach the proxy over the internet: with public_url null the recipe is refused before the
+    first job (not inside train_grpo after the validation), and so is the SFT branch's."""
+    recipe = ROOT / "config" / "swegym-e2b.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe)
+    assert err.value.field == "train.proxy.public_url" and "swegym-e2b.yaml:" in err.value.one_line()
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe, ROOT / "config" / "swesmith-sft.yaml",
+                    overrides={"train": {"proxy": {"public_url": "https://p.example/{port}"}}})  # fmt: skip
+    assert err.value.field == "sft.collect.proxy.public_url"
+    load_config(recipe, ROOT / "config" / "swesmith-sft.yaml", SITE)
+    # off E2B the proxy is reached directly: nothing to set
+    load_config(recipe, overrides={"sandbox": {"provider": "docker"}})
+
+
+def test_a_verl_launch_the_engine_would_refuse_is_refused_at_config_time():
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "config" / "swegym-e2b.yaml", SITE,
+                    overrides={"train": {"optim": {"grad_clip": float("inf")}}})  # fmt: skip
+    assert "is not a finite number" in str(err.value) and "swegym-e2b.yaml" not in str(err.value)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sweflow.config import load_config
 from sweflow.dataset.images import ImageNaming
 from sweflow.sample.tasks import DATA_SOURCE, ENV_CLASS, write_parquet
@@ -21,6 +23,7 @@ from tests.fixtures.harness_swegym import SWEGYM_REPOS, swegym_rows, write_swegy
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "config" / "swegym-e2b.yaml"
+SITE = ROOT / "tests" / "fixtures" / "site.yaml"  # the proxy URL a site sets
 
 
 def skyrl(row: dict) -> dict:
@@ -32,9 +35,22 @@ def skyrl(row: dict) -> dict:
     }
 
 
-def test_the_recipe_converts_one_row_of_every_swegym_repository(tmp_path, monkeypatch):
+DOCKER = ROOT / "config" / "swegym-docker.yaml"  # the one-machine rung: the same rows, Docker, no training
+
+
+def test_the_docker_rung_writes_the_recipes_rows_and_trains_nothing():
+    e2b, docker = load_config(RECIPE, SITE), load_config(DOCKER)
+    for section in ("dataset", "images", "harness", "agent"):
+        assert docker[section] == e2b[section], section
+    assert docker["sandbox"]["provider"] == "docker" and e2b["sandbox"]["provider"] == "e2b"
+    assert not docker["train"]["enabled"] and not docker["sft"]["enabled"] and not docker["smith"]["enabled"]
+    assert docker["e2e"]["instance"] is None
+
+
+@pytest.mark.parametrize("recipe", [(RECIPE, SITE), (DOCKER,)], ids=["e2b", "docker"])
+def test_the_recipe_converts_one_row_of_every_swegym_repository(tmp_path, monkeypatch, recipe):
     monkeypatch.setenv("E2B_API_KEY", "e2b_test_key_not_real")
-    cfg = load_config(RECIPE)
+    cfg = load_config(*recipe)
     assert cfg["harness"]["package"] == "swegym" and cfg["dataset"]["row_shape"] == "skyrl"
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     assert write_swegym_harness(tmp_path / "pkgs", "swegym") == "swegym"
@@ -113,19 +129,23 @@ def test_the_recipe_converts_one_row_of_every_swegym_repository(tmp_path, monkey
 def test_the_recipe_checks_offline_and_a_typo_in_it_is_one_line(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
 
-    def check(path):
+    def check(*paths):
         return subprocess.run(
-            [sys.executable, "-m", "sweflow.config", str(path)], capture_output=True, text=True, env=env,
-            cwd=tmp_path, timeout=60,
+            [sys.executable, "-m", "sweflow.config", *map(str, paths)], capture_output=True, text=True,
+            env=env, cwd=tmp_path, timeout=60,
         )  # fmt: skip
 
-    ok = check(RECIPE)
+    ok = check(RECIPE, SITE)
     assert ok.returncode == 0 and ok.stdout.startswith("ok: "), ok.stderr
+    # as shipped (public_url: null) it stops before any job, naming the key and the line that set it
+    (unset,) = check(RECIPE).stderr.strip().splitlines()
+    line_no = RECIPE.read_text().splitlines().index("    public_url: null") + 1
+    assert f"swegym-e2b.yaml:{line_no}:" in unset and "train.proxy.public_url" in unset
     text = RECIPE.read_text()
     assert "    cpu_count: 2\n" in text
     typo = tmp_path / "mine.yaml"
     typo.write_text(text.replace("    cpu_count: 2\n", "    cpu_cont: 2\n"))
-    bad = check(typo)
+    bad = check(typo, SITE)
     line_no = text.splitlines().index("    cpu_count: 2") + 1
     (line,) = bad.stderr.strip().splitlines()
     assert bad.returncode == 1 and f"mine.yaml:{line_no}:" in line

@@ -250,7 +250,8 @@ def test_the_production_recipe_builds_prompts_as_the_recipes_proxy_does(qwen):
     from sweflow.config import load_config
     from sweflow.train.worker import proxy_settings
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "config" / "swegym-e2b.yaml")
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "config" / "swegym-e2b.yaml", root / "tests" / "fixtures" / "site.yaml")
     proxy = proxy_settings(cfg["train"])
     assert (proxy["build_mode"], proxy["build_model"]) == ("tito", "qwen3_5")
     config = ProxyConfig(token_build_mode=proxy["build_mode"], token_build_model=proxy["build_model"])

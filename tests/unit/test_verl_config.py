@@ -25,11 +25,12 @@ from sweflow.train.verl_engine import (  # noqa: E402
 )
 
 RECIPE = Path(__file__).resolve().parents[2] / "config" / "swegym-e2b.yaml"
+SITE = RECIPE.parents[1] / "tests" / "fixtures" / "site.yaml"  # the proxy URL a site sets
 
 
 def production_recipe(**kw) -> Recipe:
     """The production recipe as config/swegym-e2b.yaml states it (schema defaults filled), `kw` replaced."""
-    return dataclasses.replace(Recipe.from_config(load_config(RECIPE)["train"]), **kw)
+    return dataclasses.replace(Recipe.from_config(load_config(RECIPE, SITE)["train"]), **kw)
 
 
 def overrides_for(recipe: Recipe, tmp: str = "/runs/x") -> list[str]:
