@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system system-test run test lint clean
+.PHONY: setup system system-test run test lint clean slurm-profile
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -52,6 +52,12 @@ run: setup system
 
 test: setup $(VENV)/.verl-installed $(VENV)/megatron-core-0.16.1/.installed system-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS) tests
+
+# `snakemake --profile slurm` from the repository: profiles/slurm installed as your named profile, e.g.
+#   make slurm-profile ACCOUNT=my-lab CPU_PARTITION=cpu GPU_PARTITION=gpu
+slurm-profile: setup
+	$(VENV)/bin/sweflow slurm-profile --account '$(ACCOUNT)' --cpu-partition '$(CPU_PARTITION)' \
+		--gpu-partition '$(GPU_PARTITION)' $(if $(FORCE),--force)
 
 lint: setup
 	$(VENV)/bin/ruff check sweflow tests scripts benchmarks

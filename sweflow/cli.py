@@ -212,7 +212,42 @@ def _add_reap(sub: Any) -> None:
     p.set_defaults(func=_cmd_reap)
 
 
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_audit, _add_verify, _add_refresh, _add_report, _add_reap]
+def _cmd_slurm_profile(args: argparse.Namespace) -> int:
+    from sweflow.profiles import install_slurm_profile
+
+    target = install_slurm_profile(
+        account=args.account,
+        cpu_partition=args.cpu_partition,
+        gpu_partition=args.gpu_partition,
+        dest=args.dest,
+        force=args.force,
+    )
+    print(f"{target}: `snakemake --profile slurm` now uses it")
+    return EXIT_OK
+
+
+def _add_slurm_profile(sub: Any) -> None:
+    p = sub.add_parser(
+        "slurm-profile",
+        help="install profiles/slurm as your named Snakemake profile `slurm`, with your account and"
+        " partitions filled in",
+    )
+    p.add_argument("--account", required=True, help="the Slurm account jobs are charged to")
+    p.add_argument("--cpu-partition", required=True, help="the partition of CPU jobs")
+    p.add_argument("--gpu-partition", required=True, help="the partition of GPU jobs (training)")
+    p.add_argument("--dest", help="the profile folder (default: Snakemake's user config folder/slurm)")
+    p.add_argument("--force", action="store_true", help="replace a different profile installed there")
+    p.set_defaults(func=_cmd_slurm_profile)
+
+
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    _add_audit,
+    _add_verify,
+    _add_refresh,
+    _add_report,
+    _add_reap,
+    _add_slurm_profile,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
