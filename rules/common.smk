@@ -33,7 +33,8 @@ except ConfigError as _exc:
     sys.exit(f"sweflow: {_exc.one_line()}")
 
 DATASET = config["dataset"]["name"]
-SPLITS = config["dataset"]["select_splits"] or list(config["dataset"]["splits"])
+# Sorted: the splits mapping's key order is how a file was written, not a value (params compare by repr).
+SPLITS = config["dataset"]["select_splits"] or sorted(config["dataset"]["splits"])
 # Where the main dataset's split files come from: the Hub (download) or the SWE-smith branch (rules/smith.smk).
 FROM_SMITH = config["dataset"]["source"] == "smith"
 # The synthesized dataset: the main one (dataset.source smith) or a second one beside it (smith.enabled).

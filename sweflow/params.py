@@ -35,6 +35,18 @@ def key_kinds() -> dict[tuple[str, ...], str]:
     return out
 
 
+@lru_cache(maxsize=1)
+def carried() -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Operational keys that rules also write into their outputs: key path -> the rules that pass it as a
+    param of its own (config/keys.yaml's `carried`)."""
+    data = yaml.safe_load(KEYS.read_text(encoding="utf-8")) or {}
+    out = {tuple(str(k).split(".")): tuple(v) for k, v in (data.get("carried") or {}).items()}
+    for path in out:
+        if key_kinds().get(path) != "operational":
+            raise ValueError(f"{KEYS}: carried key {'.'.join(path)} is not an operational entry")
+    return out
+
+
 def _covers(entry: tuple[str, ...], path: tuple[str, ...]) -> bool:
     return len(entry) <= len(path) and all(e in ("*", p) for e, p in zip(entry, path, strict=False))
 

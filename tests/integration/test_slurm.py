@@ -338,7 +338,15 @@ def test_the_production_training_job_asks_for_four_exclusive_nodes_of_eight_gpus
     # the user profile as it is (its set-threads too), only with this cluster's account and status command
     profile = merged_profile(tmp_path / "profile", {"set-threads": {"train_grpo": 16}})
     target = f"results/{name}/grpo/{run}/summary.json"
-    args = (target, "--allowed-rules", "train_grpo", "--configfile", str(ROOT / "config" / "swegym-e2b.yaml"))
+    site = ROOT / "tests" / "fixtures" / "site.yaml"  # the proxy URL a site sets
+    args = (
+        target,
+        "--allowed-rules",
+        "train_grpo",
+        "--configfile",
+        str(ROOT / "config" / "swegym-e2b.yaml"),
+        str(site),
+    )
     dry = snakemake(work, profile, "-n", *args, timeout=300, env=env)
     assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
     plan = dry.stdout + dry.stderr

@@ -4,6 +4,9 @@ The dry-run matrix on a finished embedded run is tests/integration/test_incremen
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from sweflow import params
 from sweflow.config import load_config, schema
 
@@ -64,3 +67,14 @@ def test_the_whole_configs_operational_values_name_only_operational_keys():
     found = list(leaves(ops))
     assert found and all(params.kind_of(p) == "operational" for p in found)
     assert ("sandbox", "docker", "cpus") in found and ("validation", "parallel") in found
+
+
+def test_a_carried_key_is_a_param_of_exactly_the_rules_that_write_it():
+    rules = Path(params.KEYS).parents[1] / "rules"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(rules.glob("*.smk")))
+    blocks = dict(re.findall(r"^(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n|\n)*)", text, re.M))
+    assert params.carried()
+    for path, names in params.carried().items():
+        ref = "".join(f'["{p}"]' for p in path)
+        readers = sorted(name for name, body in blocks.items() if ref in body.split("params:", 1)[-1])
+        assert readers == sorted(names), (path, readers)
