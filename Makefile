@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system system-test run test lint clean slurm-profile
+.PHONY: setup system system-test run test lint clean slurm-profile gpu-wheels
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -58,6 +58,12 @@ test: setup $(VENV)/.verl-installed $(VENV)/megatron-core-0.16.1/.installed syst
 slurm-profile: setup
 	$(VENV)/bin/sweflow slurm-profile --account '$(ACCOUNT)' --cpu-partition '$(CPU_PARTITION)' \
 		--gpu-partition '$(GPU_PARTITION)' $(if $(FORCE),--force)
+
+# The wheels benchmarks/gpu_check.py needs on the GPU machine beyond its image, into .whl/ (carried there).
+gpu-wheels:
+	python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+		$$(sed -e 's/#.*//' benchmarks/gpu_wheels.txt)
 
 lint: setup
 	$(VENV)/bin/ruff check sweflow tests scripts benchmarks

@@ -175,8 +175,22 @@ def run_preset(args) -> dict:
         "reward_last": metrics[-1]["reward_mean"],
         "wall_s": round(wall, 1),
         "train_loss": summary["train_loss"],
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
         "per_step": [
-            {k: m[k] for k in ("step", "rollout_s", "train_s", "weight_sync_s", "tokens_per_s")}
+            {
+                k: m.get(k)
+                for k in (
+                    "step",
+                    "rollout_s",
+                    "train_s",
+                    "weight_sync_s",
+                    "tokens_per_s",
+                    "grad_norm",
+                    "tis_weight_mean",
+                    "tis_clipped_share",
+                    "reward_mean",
+                )
+            }  # fmt: skip
             for m in metrics
         ],
     }

@@ -73,6 +73,47 @@ def layer_kinds(arch: Qwen35Arch = QWEN35_4B) -> list[str]:
     ]
 
 
+def hf_text_config(arch: Qwen35Arch = QWEN35_4B, **overrides: Any) -> Any:
+    """transformers' `Qwen3_5TextConfig` of `arch` (the trainer-side model of the GPU check; random weights).
+
+    Rotary: `partial_rotary_factor` of the head, split over the multimodal sections in the published
+    11:11:10 proportion (text positions fill all three alike).
+    """
+    from transformers import Qwen3_5TextConfig
+
+    half = int(arch.head_dim * arch.partial_rotary_factor) // 2
+    mrope = [round(half * 11 / 32), round(half * 11 / 32)]
+    mrope.append(half - sum(mrope))
+    kwargs: dict[str, Any] = {
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.ffn_hidden_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_query_groups,
+        "head_dim": arch.head_dim,
+        "linear_conv_kernel_dim": arch.linear_conv_kernel_dim,
+        "linear_key_head_dim": arch.linear_key_head_dim,
+        "linear_value_head_dim": arch.linear_value_head_dim,
+        "linear_num_key_heads": arch.linear_num_key_heads,
+        "linear_num_value_heads": arch.linear_num_value_heads,
+        "layer_types": [
+            {"gdn": "linear_attention", "attention": "full_attention"}[k] for k in layer_kinds(arch)
+        ],
+        "rms_norm_eps": arch.rms_norm_eps,
+        "max_position_embeddings": 262144,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": arch.rope_theta,
+            "partial_rotary_factor": arch.partial_rotary_factor,
+            "mrope_section": mrope,
+            "mrope_interleaved": True,
+        },
+        "use_cache": False,
+    }
+    return Qwen3_5TextConfig(**{**kwargs, **overrides})
+
+
 def transformer_config_kwargs(
     arch: Qwen35Arch = QWEN35_4B,
     *,

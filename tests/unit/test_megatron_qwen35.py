@@ -102,6 +102,27 @@ def test_the_hybrid_is_24_gdn_and_8_full_attention_layers_where_transformers_put
     assert [{"linear_attention": "gdn", "full_attention": "attention"}[t] for t in hf.layer_types] == kinds
 
 
+def test_the_gpu_checks_transformers_model_is_the_same_architecture_as_megatrons():
+    pytest.importorskip("transformers.models.qwen3_5")
+    from sweflow.models.megatron_qwen35 import QWEN35_4B, hf_text_config
+
+    hf, mc = hf_text_config(), transformer_config_kwargs(tp=1, cp=1)
+    assert [
+        {"linear_attention": "gdn", "full_attention": "attention"}[t] for t in hf.layer_types
+    ] == layer_kinds()
+    pairs = {"hidden_size": "hidden_size", "intermediate_size": "ffn_hidden_size",
+             "num_hidden_layers": "num_layers", "num_attention_heads": "num_attention_heads",
+             "num_key_value_heads": "num_query_groups", "head_dim": "kv_channels",
+             "linear_key_head_dim": "linear_key_head_dim", "linear_value_head_dim": "linear_value_head_dim",
+             "linear_num_key_heads": "linear_num_key_heads", "linear_num_value_heads": "linear_num_value_heads",
+             "linear_conv_kernel_dim": "linear_conv_kernel_dim", "rms_norm_eps": "layernorm_epsilon"}  # fmt: skip
+    assert {h: getattr(hf, h) for h in pairs} == {h: mc[m] for h, m in pairs.items()}
+    assert hf.vocab_size == QWEN35_4B.vocab_size == 248320
+    rope = hf.rope_parameters
+    assert rope["rope_theta"] == 1e7 and rope["partial_rotary_factor"] == 0.25
+    assert rope["mrope_section"] == [11, 11, 10]  # 32 = a quarter of the 256-dim head, in pairs
+
+
 def test_the_config_carries_the_published_sizes_and_splits_over_tp_times_cp():
     kw = transformer_config_kwargs(tp=2, cp=4)
     assert (kw["num_layers"], kw["hidden_size"], kw["ffn_hidden_size"]) == (32, 2560, 9216)

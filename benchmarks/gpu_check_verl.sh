@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPU check of the verl engine (one node, 2+ GPUs, no network): a small random-weight Qwen3 built here,
+# GPU check of the verl engine (one node, 2+ GPUs, no network; the one-GPU check is gpu_check.py): a small random-weight Qwen3 built here,
 # a tiny parquet of prompts, verl 0.9.1's v1 sync trainer run for 2 steps through sweflow's own
 # overrides and launch script (Megatron TP 2 + sequence parallel, vLLM TP 2, token TIS, k3 KL) with a
 # plain rule reward instead of the agent loop. Prints step time, tokens/s and how far vLLM's logprobs are
 # from Megatron's. Budget: under 8 minutes (the trainer run is capped at 420 s).
-#   PY=/path/to/python benchmarks/gpu_check.sh        (run from the repository root, in the train-verl env)
+#   PY=/path/to/python benchmarks/gpu_check_verl.sh   (run from the repository root, in the train-verl env)
 set -euo pipefail
 PY=${PY:-python}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
