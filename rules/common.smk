@@ -92,7 +92,8 @@ def redacted(section):
 def result_params(path):
     """Params for the config section at dotted `path`: only the values that can change a result
     (config/keys.yaml), sorted and in one number form, credentials redacted. Scripts read the whole
-    section (operational values too) from the config at run time (sweflow.rulekit.live)."""
+    section (operational values too) from the config at run time (sweflow.rulekit.live).
+    """
     return redacted(result_values(section(config, path), path))
 
 
