@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system system-test run test lint clean slurm-profile gpu-wheels
+.PHONY: setup system system-test run test test-fast lint clean slurm-profile gpu-wheels
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -50,8 +50,18 @@ system-test:
 run: setup system
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/snakemake --profile profiles/local
 
+# The whole suite on $(JOBS) xdist workers (tests/conftest.py groups what shares a run); per-test durations
+# go to the log and test-results/junit.xml. `make test-fast`: the unit tier without the slow tests.
+JOBS ?= 2
+TEST_OUT ?= test-results
 test: setup $(VENV)/.verl-installed $(VENV)/megatron-core-0.16.1/.installed system-test
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS) tests
+	mkdir -p $(TEST_OUT)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra -n $(JOBS) --dist loadgroup --durations=40 \
+		--junitxml=$(TEST_OUT)/junit.xml $(PYTEST_ARGS) tests
+
+test-fast: setup $(VENV)/.verl-installed $(VENV)/megatron-core-0.16.1/.installed
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -q -n $(JOBS) -m "not slow and not integration" \
+		--durations=15 $(PYTEST_ARGS) tests
 
 # `snakemake --profile slurm` from the repository: profiles/slurm installed as your named profile, e.g.
 #   make slurm-profile ACCOUNT=my-lab CPU_PARTITION=cpu GPU_PARTITION=gpu

@@ -159,6 +159,7 @@ def test_the_gpu_env_and_its_container_pin_the_same_megatron_that_trains_gdn_wit
     assert gdn_cp_problem(env["megatron-core"]) is None, env
 
 
+@pytest.mark.slow
 def test_megatron_core_0_16_refuses_gdn_with_context_parallel():
     version, prefix = installed(lambda v: v.startswith("0.16."), "0.16.1")
     res = run_check(prefix, "--tp", "2", "--cp", "4")

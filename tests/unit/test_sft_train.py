@@ -389,6 +389,7 @@ def test_sft_launch_under_slurm():
         sft_launch(s, "x", nodes=2, gpus_per_node=8, job_id="42", allocation=nodes[:1])
 
 
+@pytest.mark.slow
 def test_two_process_cpu_data_parallel(model_dir, tok, tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(_text_row(i)) + "\n" for i in range(4)))

@@ -219,6 +219,7 @@ def test_aborted_samples_do_not_shrink_the_update(tmp_path, tiny_model_dir):
     assert float(got) == pytest.approx(float(valid_rows.mean()))
 
 
+@pytest.mark.slow
 def test_data_parallel_ranks_share_each_step_and_end_with_the_same_weights(tmp_path):
     """Two torchrun processes (gloo on CPU): each rolls out its own group of every step, the gradients are
     averaged, and both ranks hold the same, changed weights at the end."""

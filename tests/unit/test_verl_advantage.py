@@ -48,6 +48,7 @@ def _group_then_whiten(scores, groups, mask):
     return [[(adv[i] - mu) / math.sqrt(var + 1e-8) if m else 0.0 for m in row] for i, row in enumerate(mask)]
 
 
+@pytest.mark.slow
 def test_verls_plugin_variable_registers_the_estimator_and_the_session_rule_in_a_fresh_process():
     probe = (
         "import json, verl\n"

@@ -1,0 +1,38 @@
+"""Tiers and parallel groups of the whole suite (`make test` runs it on 2 xdist workers, `make test-fast` the
+fast tier).
+
+- `slow`: builds the embedded run or a Slurm cluster, or takes over ~10 s alone (marked where it is defined);
+- `gpu`: needs a CUDA device, skipped without one;
+- xdist groups: every test that reads the one embedded run or the one Slurm cluster runs on the same worker
+  (a session fixture is built once per worker), and so does every Docker test (one engine, shared image
+  tags); the rest spread over the workers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SHARED_RUNS = {"embedded_local_run", "slurm_cluster", "slurm_run", "trained"}
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = None
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SHARED_RUNS or item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.xdist_group("shared-runs"))
+        elif item.get_closest_marker("docker"):
+            item.add_marker(pytest.mark.xdist_group("docker"))
+        if item.get_closest_marker("gpu"):
+            no_gpu = (not _cuda()) if no_gpu is None else no_gpu
+            if no_gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
