@@ -15,6 +15,16 @@ import pytest
 SHARED_RUNS = {"embedded_local_run", "slurm_cluster", "slurm_run", "trained"}
 
 
+def _join_group(item, group: str) -> None:
+    """What xdist's loadgroup does to a worker's item: its node id ends in @group, so the controller sends
+    the whole group to one worker. (xdist 3.8 writes `item._nodeid`, which pytest 9 no longer reads.)"""
+    item.add_marker(pytest.mark.xdist_group(group))
+    if not item.nodeid.endswith(f"@{group}"):
+        from _pytest.nodes import coerce_node_id
+
+        item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
 def _cuda() -> bool:
     try:
         import torch
@@ -23,15 +33,20 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     no_gpu = None
+    grouping = bool(config.getvalue("loadgroup")) if hasattr(config.option, "loadgroup") else False
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
+        group = None
         if names & SHARED_RUNS or item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slow)
-            item.add_marker(pytest.mark.xdist_group("shared-runs"))
+            group = "shared-runs"
         elif item.get_closest_marker("docker"):
-            item.add_marker(pytest.mark.xdist_group("docker"))
+            group = "docker"
+        if group and grouping:
+            _join_group(item, group)
         if item.get_closest_marker("gpu"):
             no_gpu = (not _cuda()) if no_gpu is None else no_gpu
             if no_gpu:
