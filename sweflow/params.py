@@ -91,7 +91,7 @@ PROVIDERS = ("local", "docker", "e2b")  # sandbox.<provider>: read only when san
 def result_values(value: Any, path: str) -> Any:
     """The parts of the config section at `path` that can change a result, canonical. Of the sandbox
     section only the active provider's settings count: the others are never read."""
-    out = copy.deepcopy(_split(value, tuple(path.split(".")) if path else (), "result"))
+    out = copy.deepcopy(_of_kind(value, path, "result"))
     if isinstance(out, dict):
         sandbox = out if path == "sandbox" else out.get("sandbox") if path == "" else None
         if isinstance(sandbox, dict):
@@ -103,7 +103,10 @@ def result_values(value: Any, path: str) -> Any:
 
 def operational_values(value: Any, path: str) -> Any:
     """The operational parts of the config section at `path` (None when it has none), canonical."""
-    return canonical(_split(value, tuple(path.split(".")) if path else (), "operational"))
+    return canonical(_of_kind(value, path, "operational"))
+
+
+_ABSENT = object()  # "no value of the wanted kind here" (a None value is a value)
 
 
 def _split(value: Any, path: tuple[str, ...], want: str) -> Any:
@@ -111,10 +114,15 @@ def _split(value: Any, path: tuple[str, ...], want: str) -> Any:
         out = {}
         for k, v in value.items():
             sub = _split(v, (*path, str(k)), want)
-            if sub is not None:
+            if sub is not _ABSENT:
                 out[k] = sub
-        return out or None
-    return value if kind_of(path) == want else None
+        return out or _ABSENT
+    return value if kind_of(path) == want else _ABSENT
+
+
+def _of_kind(value: Any, path: str, want: str) -> Any:
+    out = _split(value, tuple(path.split(".")) if path else (), want)
+    return None if out is _ABSENT else out
 
 
 def section(config: Mapping[str, Any], path: str) -> Any:

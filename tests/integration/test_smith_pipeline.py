@@ -90,8 +90,9 @@ def test_smith_outputs_have_provenance_and_no_key(embedded_local_run):
         assert rec["artifact"]["path"] == rel and len(rec["artifact"]["sha256"]) == 64
     # the LM section is recorded (redacted) with its key's variable name only, never a key
     rec = read_json(work / ".provenance/results/smith/calclib/candidates/lm_modify/0.jsonl.json")
-    lm = rec["params"]["smith"]["lm"]
-    assert lm["endpoint"] == "scripted" and lm["api_key_env"] is None and "api_key" not in lm
+    lm, ops = rec["params"]["smith"]["lm"], rec["operational"]["smith"]["lm"]
+    assert lm["endpoint"] == "scripted" and "api_key" not in lm and "api_key" not in ops
+    assert ops["api_key_env"] is None  # operational: recorded at run time, not a param
 
 
 def test_dataset_source_smith_makes_the_synthesized_tasks_the_main_dataset(tmp_path):
