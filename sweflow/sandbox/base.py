@@ -14,6 +14,10 @@ from . import ledger
 
 OUTPUT_TAIL_CHARS = 64_000
 BLACKBOX_PORT = 31000
+# A command that ran out of time: coreutils `timeout`'s status, and SIGKILL's when it had to kill (-k).
+TIMEOUT_EXIT = 124
+KILLED_EXIT = 137
+TIMEOUT_EXITS = (TIMEOUT_EXIT, KILLED_EXIT)
 # run_logged keeps at most this much of an evaluation log (a log past it is cut, with a note at the end).
 LOGGED_MAX_BYTES = 64 << 20
 

@@ -37,7 +37,15 @@ from typing import Any, TypeVar
 
 from ..errors import SandboxError
 from ..util import sha256_bytes
-from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
+from .base import (
+    BLACKBOX_PORT,
+    LOGGED_MAX_BYTES,
+    TIMEOUT_EXIT,
+    CommandResult,
+    SandboxBase,
+    TemplateRecord,
+    tail,
+)
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .logged import LogSink
 from .spec import RUNTIME_DIR, TemplateSpec, artifacts_dockerfile, file_sha256
@@ -514,7 +522,7 @@ class DockerSandbox(SandboxBase):
         except SandboxError as exc:
             if "timed out" not in str(exc):
                 raise
-            return 124, b"", b"client-side timeout", time.monotonic() - t0
+            return TIMEOUT_EXIT, b"", b"client-side timeout", time.monotonic() - t0
         rc = self._inspect(exec_id)["ExitCode"]
         return (rc if rc is not None else -1), out or b"", err or b"", time.monotonic() - t0
 
@@ -524,7 +532,7 @@ class DockerSandbox(SandboxBase):
         rc, out, err, dur = self._exec(
             ["timeout", "-k", "5", str(t), "/bin/bash", "-c", cmd], timeout=timeout, env=env, cwd=cwd
         )
-        timed_out = rc == 124 and dur >= timeout * 0.98
+        timed_out = rc == TIMEOUT_EXIT and dur >= timeout * 0.98
         return CommandResult(
             rc, tail(out.decode("utf-8", "replace")), tail(err.decode("utf-8", "replace")), timed_out, dur
         )
@@ -571,7 +579,7 @@ class DockerSandbox(SandboxBase):
                     rc = int(info["ExitCode"])
                     break
                 if time.monotonic() > deadline:
-                    timed_out, rc = True, 124
+                    timed_out, rc = True, TIMEOUT_EXIT
                     break
                 time.sleep(0.05)
         finally:

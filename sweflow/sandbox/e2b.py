@@ -36,14 +36,21 @@ from e2b import (
 from e2b import Sandbox as SdkSandbox
 
 from ..errors import SandboxError
-from .base import LOGGED_MAX_BYTES, OUTPUT_TAIL_CHARS, CommandResult, SandboxBase, TemplateRecord, tail
+from .base import (
+    LOGGED_MAX_BYTES,
+    OUTPUT_TAIL_CHARS,
+    TIMEOUT_EXIT,
+    CommandResult,
+    SandboxBase,
+    TemplateRecord,
+    tail,
+)
 from .e2b_api import E2BApi, status_of
 from .e2b_template import build_e2b_template
 from .logged import LogSink
 
 log = logging.getLogger("sweflow.sandbox.e2b")
 
-TIMED_OUT_EXIT_CODE = 124  # what coreutils `timeout` returns; used when a command hit its deadline
 KILLED_EXIT_CODE = 137  # 128 + SIGKILL: a background command stopped by kill()
 CONTROL_TIMEOUT = 60.0  # seconds for the short helper commands of background jobs
 TOKEN_FILE = "/run/sweflow/blackbox.token"  # where the server looks (its start command never sees our envs)
@@ -288,7 +295,7 @@ class E2BSandbox(SandboxBase):
                 except Exception as exc:  # noqa: BLE001 - the deadline already killed it in envd
                     log.debug("kill after timeout in %s: %s", self.id, self.provider.clean(exc))
             return CommandResult(
-                TIMED_OUT_EXIT_CODE, out.text(), err.text(), timed_out=True, duration=time.monotonic() - t0
+                TIMEOUT_EXIT, out.text(), err.text(), timed_out=True, duration=time.monotonic() - t0
             )
         except (SandboxException, httpx.HTTPError, OSError) as exc:
             raise self._error("command", exc) from exc
@@ -351,7 +358,7 @@ class E2BSandbox(SandboxBase):
         if waiter.is_alive() or box.get("timed_out"):
             with contextlib.suppress(Exception):
                 handle.kill()
-            return CommandResult(TIMED_OUT_EXIT_CODE, "", "", timed_out=True, duration=time.monotonic() - t0)
+            return CommandResult(TIMEOUT_EXIT, "", "", timed_out=True, duration=time.monotonic() - t0)
         if "error" in box:
             raise self._error("command", box["error"]) from box["error"]
         return CommandResult(int(box["code"]), "", "", duration=time.monotonic() - t0)

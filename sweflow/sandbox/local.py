@@ -51,7 +51,15 @@ from typing import Any
 from ..errors import SandboxError
 from ..util import atomic_write_json, log, read_json, replace_folder, run_cmd, sha256_bytes, stable_json
 from . import ledger
-from .base import BLACKBOX_PORT, LOGGED_MAX_BYTES, CommandResult, SandboxBase, TemplateRecord, tail
+from .base import (
+    BLACKBOX_PORT,
+    LOGGED_MAX_BYTES,
+    TIMEOUT_EXIT,
+    CommandResult,
+    SandboxBase,
+    TemplateRecord,
+    tail,
+)
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .images import CONDA_ACTIVATE, CONDA_BIN
 from .limits import Limits, LimitSpec
@@ -64,7 +72,6 @@ SANDBOX_UID = 65534
 _SYSTEM_DIRS = ("usr", "etc")
 _SYSTEM_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _PATH = "/opt/miniconda3/envs/testbed/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-TIMEOUT_EXIT = 124
 TOKEN_ENV = "SWEFLOW_BLACKBOX_TOKEN"
 
 

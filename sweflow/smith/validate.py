@@ -31,7 +31,7 @@ from typing import Any
 from ..errors import SandboxError, SmithError
 from ..grading import canary, fresh
 from ..harness import driver
-from ..sandbox.base import Provider
+from ..sandbox.base import TIMEOUT_EXITS, Provider
 from ..util import retry
 from .candidates import Candidate
 from .profile import RepoProfile
@@ -140,7 +140,7 @@ def run_suite(
                 t0 = time.monotonic()
                 res = sb.run_logged(cmd, path, timeout=timeout + 60)
                 text = open(path, encoding="utf-8", errors="replace").read() if os.path.exists(path) else ""
-                killed = res.timed_out or res.exit_code in (124, 137)
+                killed = res.timed_out or res.exit_code in TIMEOUT_EXITS
                 statuses = {} if killed else driver.call_parser(parser, text, None)
                 runner = (
                     None
