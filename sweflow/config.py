@@ -21,25 +21,16 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .schema import SCHEMA, default, defaults, fill_defaults, schema  # noqa: F401 - the config's API
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "config" / "config.yaml"
-SCHEMA = ROOT / "config" / "schema.yaml"
 OVERRIDES = "--config"
 # `harness.extra_repos` given as a string names one of these bundled spec sets (sweflow.stages.data.harness_from_config).
 KNOWN_EXTRA_REPOS = ("sample",)
 
 Path_ = tuple[str, ...]
 Layer = tuple[str, Mapping[str, Any], dict[Path_, int]]
-
-_SCHEMA_CACHE: dict[str, Any] = {}
-
-
-def schema() -> dict[str, Any]:
-    if "schema" not in _SCHEMA_CACHE:
-        _SCHEMA_CACHE["schema"] = yaml.load(SCHEMA.read_text(), Loader=_Loader)
-    return copy.deepcopy(_SCHEMA_CACHE["schema"])
-
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -206,24 +197,6 @@ def _schema_paths(sch: Mapping[str, Any], prefix: Path_ = ()) -> list[Path_]:
         if isinstance(sub, dict):
             out.extend(_schema_paths(sub, (*prefix, name)))
     return out
-
-
-def fill_defaults(sch: Mapping[str, Any], data: Any) -> Any:
-    """Fill `default`s in place (objects recursively, per-key schemas included); returns `data`."""
-    if not isinstance(data, dict):
-        return data
-    props = sch.get("properties") or {}
-    for name, sub in props.items():
-        if name not in data and "default" in sub:
-            data[name] = copy.deepcopy(sub["default"])
-        if name in data:
-            fill_defaults(sub, data[name])
-    extra = sch.get("additionalProperties")
-    if isinstance(extra, dict):
-        for name, value in data.items():
-            if name not in props:
-                fill_defaults(extra, value)
-    return data
 
 
 def _validate(sch: dict[str, Any], cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:

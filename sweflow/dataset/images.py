@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DatasetError
+from ..schema import default
 
 DEFAULT_PREFIX = "xingyaoww/sweb.eval.x86_64."
 LEGACY_PREFIX = "swebench/sweb.eval.x86_64."
@@ -36,7 +37,7 @@ class ImageNaming:
             prefix=cfg.get("prefix", DEFAULT_PREFIX),
             legacy_prefix=cfg.get("legacy_prefix", LEGACY_PREFIX),
             legacy_repos=frozenset(cfg.get("legacy_repos", LEGACY_REPOS)),
-            tag=cfg.get("tag", "latest"),
+            tag=cfg.get("tag", default("images.tag")),
         )
 
     def image_for(self, instance_id: str, repo: str) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 
 from sweflow.errors import ConfigError
 from sweflow.proxy.handler import HttpError
+from sweflow.schema import default
 
 log = logging.getLogger("sweflow.proxy")
 
@@ -291,7 +292,7 @@ def upstream_from_settings(settings: Mapping[str, Any], environ: Mapping[str, st
     """An Upstream from a config mapping: endpoint, model, api_key_env, timeout_s, attempts."""
     return Upstream(
         str(settings["endpoint"]),
-        api_key_env=settings.get("api_key_env", "ANTHROPIC_API_KEY"),
+        api_key_env=settings.get("api_key_env", default("sft.collect.expert.api_key_env")),
         model=settings.get("model"),
         timeout_s=float(settings.get("timeout_s") or 600),
         attempts=int(settings.get("attempts") or 4),

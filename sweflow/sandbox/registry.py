@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
+from ..schema import defaults
 from .base import Provider
 
 PROVIDERS = ("local", "docker", "e2b")
@@ -47,24 +48,26 @@ def provider_from_config(
     if name == "local":
         from .limits import LimitSpec
 
-        loc = cfg.get("local") or {}
-        spec = LimitSpec()
+        given = cfg.get("local") or {}
+        loc = defaults("sandbox.local", given)
         limits = LimitSpec(
-            pids=int(loc.get("pids_limit", spec.pids)),
-            memory_mb=int(loc.get("mem_mb", spec.memory_mb)),
-            file_size_mb=int(loc.get("file_size_mb", spec.file_size_mb)),
-            scratch_mb=int(loc.get("scratch_mb", spec.scratch_mb)),
+            pids=int(loc["pids_limit"]),
+            memory_mb=int(loc["mem_mb"]),
+            file_size_mb=int(loc["file_size_mb"]),
+            scratch_mb=int(loc["scratch_mb"]),
         )
-        provider = get_provider("local", templates_root=loc.get("templates_root"), limits=limits, **server)
+        # no root given: the provider's own (a caller's folder, not the workflow's relative default)
+        root = given.get("templates_root")
+        provider = get_provider("local", templates_root=root, limits=limits, **server)
     elif name == "docker":
-        d = cfg.get("docker") or {}
+        d = defaults("sandbox.docker", cfg.get("docker"))
         provider = get_provider(
             "docker",
-            cpu=d.get("cpus", 2),
-            memory_mb=d.get("mem_mb", 4096),
-            pids_limit=d.get("pids_limit", 1024),
-            file_size_mb=d.get("file_size_mb", 2048),
-            disk_mb=d.get("disk_mb", 8192),
+            cpu=d["cpus"],
+            memory_mb=d["mem_mb"],
+            pids_limit=d["pids_limit"],
+            file_size_mb=d["file_size_mb"],
+            disk_mb=d["disk_mb"],
             **server,
         )
     else:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import SmithError
 from ..sandbox.base import Provider
+from ..schema import default
 from .gitrepo import git_out, run_git
 from .profile import RepoProfile
 
@@ -85,7 +86,7 @@ def build_environment(
         if not profile.image:
             from ..sandbox.images import build_base_image, build_task_image
 
-            base = build_base_image(cfg.get("base_image", "sweflow/base:bookworm"))
+            base = build_base_image(cfg.get("base_image", default("sandbox.base_image")))
             build_task_image(image, Path(bare).resolve(), commit, base=base)
     elif not profile.image:
         raise SmithError(
@@ -93,5 +94,11 @@ def build_environment(
             field="image",
             hint="set `image` in the repository profile",
         )
-    rec = build_template(provider, image, spec=spec, attempts=cfg.get("build_attempts", 3), **source)
+    rec = build_template(
+        provider,
+        image,
+        spec=spec,
+        attempts=cfg.get("build_attempts", default("sandbox.build_attempts")),
+        **source,
+    )
     return {**rec.to_dict(), "ok": True}

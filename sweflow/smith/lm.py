@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SmithError
+from ..schema import default
 from ..util import redact, retry
 
 APIS = ("openai", "anthropic")
@@ -84,10 +85,10 @@ def lm_settings(cfg: Mapping) -> LMSettings:
         raise SmithError("must be an http(s) URL", field="endpoint")
     if not urllib.parse.urlsplit(endpoint).hostname:
         raise SmithError("URL has no host", field="endpoint")
-    api = cfg.get("api", "openai")
+    api = cfg.get("api", default("smith.lm.api"))
     if api not in APIS:
         raise SmithError(f"unknown API {api!r}", field="api", hint=f"one of {APIS}")
-    model = cfg.get("model", "scripted")
+    model = cfg.get("model", default("smith.lm.model"))
     if not isinstance(model, str) or not model.strip():
         raise SmithError("must be a non-empty string", field="model")
     key_env = cfg.get("api_key_env")

@@ -17,6 +17,7 @@ from ..dataset.images import ImageNaming, group_by_image
 from ..dataset.splits import apply_limit, load_split
 from ..errors import ConfigError, DatasetError
 from ..rulekit import from_snakemake
+from ..schema import defaults
 from ..util import atomic_write, atomic_write_json, read_json, redact, write_folder, write_if_changed
 
 __all__ = [
@@ -116,7 +117,7 @@ def download_split(
             rev["sha"],
             out,
             endpoint=url,
-            repo_type=rev.get("repo_type", "dataset"),
+            repo_type=rev["repo_type"],
             attempts=attempts,
             timeout=timeout,
             cache_dir=cache_dir,
@@ -333,21 +334,22 @@ def convert_options(
     """ConvertOptions from the validated config sections."""
     from ..dataset.convert import ConvertOptions
 
-    backend = dict(agent_cfg.get("backend_options", {}))
+    agent_cfg, harness_cfg = defaults("agent", agent_cfg), defaults("harness", harness_cfg)
+    backend = dict(agent_cfg["backend_options"])
     return ConvertOptions(
         dataset=dataset,
         split=split,
         provider=provider,
-        blackbox_type=agent_cfg.get("blackbox_type", "claude_code"),
-        agent_mode=agent_cfg.get("agent_mode", "blackbox"),
-        workdir=backend.get("working_directory", "/testbed"),
+        blackbox_type=agent_cfg["blackbox_type"],
+        agent_mode=agent_cfg["agent_mode"],
+        workdir=backend["working_directory"],
         sandbox_timeout_sec=sandbox_timeout_sec,
-        sanitizer_timeout_sec=harness_cfg.get("sanitizer_timeout_sec", 120),
-        after_agent_timeout_sec=harness_cfg.get("after_agent_timeout_sec", 1260),
-        eval_timeout_sec=harness_cfg.get("eval_timeout_sec", 1200),
-        reward_function=harness_cfg.get("reward_function", "swegym_fresh_eval"),
-        reward_marker=harness_cfg.get("reward_marker", "SWEFLOW_REWARD_JSON="),
+        sanitizer_timeout_sec=harness_cfg["sanitizer_timeout_sec"],
+        after_agent_timeout_sec=harness_cfg["after_agent_timeout_sec"],
+        eval_timeout_sec=harness_cfg["eval_timeout_sec"],
+        reward_function=harness_cfg["reward_function"],
+        reward_marker=harness_cfg["reward_marker"],
         backend_options=backend,
         naming=ImageNaming.from_config(dict(naming_cfg)),
-        harness_info=harness_info(harness_cfg.get("package", "swebench")),
+        harness_info=harness_info(harness_cfg["package"]),
     )

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import SandboxError
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
+from ..schema import default, defaults
 from ..util import atomic_write_json, read_json
 
 __all__ = [
@@ -80,14 +81,14 @@ def build_template_step(
     from ..sandbox.build import build_and_record, write_build_record
     from ..sandbox.spec import TemplateSpec
 
-    e2b = cfg.get("e2b", {})
+    e2b = defaults("sandbox.e2b", cfg.get("e2b"))
     spec = TemplateSpec(
         image=image,
         packages=tuple(cfg.get("packages", ())),
         claude_binary=_artifact_path(claude_record),
         runtime_wheel=_artifact_path(wheel_record),
-        cpu=e2b.get("cpu_count", 2),
-        memory_mb=e2b.get("memory_mb", 4096),
+        cpu=e2b["cpu_count"],
+        memory_mb=e2b["memory_mb"],
     )
     with tempfile.TemporaryDirectory(prefix="sweflow-src-") as tmp:
         try:
@@ -95,7 +96,14 @@ def build_template_step(
         except SandboxError as exc:
             return write_build_record(out, image=image, provider=provider, step="task_image", error=str(exc))
         prov = provider_from_config(provider, cfg, purpose="build")
-        data = build_and_record(prov, image, out, spec=spec, attempts=cfg.get("build_attempts", 3), **source)
+        data = build_and_record(
+            prov,
+            image,
+            out,
+            spec=spec,
+            attempts=cfg.get("build_attempts", default("sandbox.build_attempts")),
+            **source,
+        )
     log.info(
         "template for %s: %s", image, data.get("template") if data.get("ok") else f"FAILED {data.get('step')}"
     )
@@ -126,7 +134,7 @@ def _template_source(
     if provider == "docker":
         from ..sandbox.images import build_base_image, build_task_image
 
-        base = build_base_image(cfg.get("base_image", "sweflow/base:bookworm"))
+        base = build_base_image(cfg.get("base_image", default("sandbox.base_image")))
         # a synthesized task's image name stays when its state changes (the tests it hides): rebuild it
         build_task_image(rec["image"], repo, commit, base=base, force=rec["repo"] in task_repos)
     return {}

@@ -26,6 +26,7 @@ from ..errors import DatasetError, TrainError
 from ..grading.evaluate import read_evidence, write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
+from ..schema import default
 from ..util import atomic_write, atomic_write_json, replace_folder, sha256_bytes
 
 __all__ = [
@@ -138,8 +139,10 @@ def collect_trajectories_step(
                 public_url=proxy.get("public_url"),
                 proxy_config=ProxyConfig(
                     max_new_tokens=int(proxy.get("max_tokens") or 32000),
-                    max_session_requests=proxy.get("max_requests", 400),
-                    max_session_in_flight=proxy.get("max_in_flight", 2),
+                    max_session_requests=proxy.get("max_requests", default("sft.collect.proxy.max_requests")),
+                    max_session_in_flight=proxy.get(
+                        "max_in_flight", default("sft.collect.proxy.max_in_flight")
+                    ),
                 ),
             )
             text = json.dumps(preds, ensure_ascii=False)
@@ -318,7 +321,9 @@ def train_sft_step(
     nodes, gpus = int(par.get("nodes") or 1), int(par.get("gpus_per_node") or 0)
     fields = set(SFTSettings.__dataclass_fields__)
     known = {k: v for k, v in dict(train).items() if k in fields}
-    known["fsdp"] = "fsdp2" if par.get("fsdp", True) and gpus and nodes * gpus > 1 else None
+    known["fsdp"] = (
+        "fsdp2" if par.get("fsdp", default("sft.train.parallel.fsdp")) and gpus and nodes * gpus > 1 else None
+    )
     settings = SFTSettings.from_mapping(known)
     work = Path(out_dir)
     work.mkdir(parents=True, exist_ok=True)

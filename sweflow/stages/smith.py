@@ -17,6 +17,7 @@ from ..errors import SmithError
 from ..progress import item_log
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
+from ..schema import default
 from ..smith.candidates import FIRST_STRATEGIES, Candidate, read_candidates, read_jsonl, shard_of, write_jsonl
 from ..smith.profile import RepoProfile, load_profile
 from ..util import atomic_write_json, read_json
@@ -149,7 +150,7 @@ def bug_candidates_step(
 
     env = read_json(env_file)
     opts = dict(smith["strategies"][strategy])
-    shards = int(opts.get("shards", 1))
+    shards = int(opts.get("shards", default(f"smith.strategies.{strategy}.shards")))
     seed = int(smith["seed"])
     cands: list[Candidate] = []
     skipped: list[dict[str, Any]] = []

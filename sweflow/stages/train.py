@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import TrainError
 from ..rulekit import from_snakemake
+from ..schema import default
 from ..train.worker import proxy_settings as _proxy_settings
 from ..util import (
     atomic_write,
@@ -371,7 +372,7 @@ def _run_verl(recipe, tasks, rows, model_dir, work, train, sandbox, provider, me
         recipe,
         overrides,
         python=sys.executable,
-        ray_port=int(recipe.verl.get("ray_port", 6379)),
+        ray_port=int(recipe.verl.get("ray_port", default("train.verl.ray_port"))),
         log_dir=str(work / "logs"),
         env={"SWEFLOW_ROLLOUT_SPEC": str(spec_path), "SWEFLOW_ROLLOUT_LOG": str(work / "rollout-log")},
     )

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..schema import default
 
 ENGINES = ("trl", "verl")
 
@@ -96,7 +97,7 @@ class Recipe:
             run=t["run"],
             split=t["split"],
             seed=int(t["seed"]),
-            shuffle=bool(t.get("shuffle", True)),
+            shuffle=bool(t.get("shuffle", default("train.shuffle"))),
             prompts_per_step=int(t["prompts_per_step"]),
             samples_per_prompt=int(t["samples_per_prompt"]),
             global_batch=int(t["global_batch"]),

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..schema import default
 from ..util import atomic_write, jsonl_line
 from .recipe import Recipe
 
@@ -150,7 +151,10 @@ def verl_overrides(
         (f"{ro}.temperature", float(r.temperature)),
         (f"{ro}.top_p", float(r.top_p)),
         (f"{ro}.top_k", r.top_k if r.top_k > 0 else -1),
-        (f"{ro}.gpu_memory_utilization", float(extra.get("gpu_memory_utilization", 0.6))),
+        (
+            f"{ro}.gpu_memory_utilization",
+            float(extra.get("gpu_memory_utilization", default("train.verl.gpu_memory_utilization"))),
+        ),
         (f"{ro}.tensor_model_parallel_size", rollout_tp),
         (f"{ro}.max_model_len", r.max_context_tokens),
         (f"{ro}.log_prob_micro_batch_size_per_gpu", micro),
@@ -204,7 +208,10 @@ def _memory_overrides(recipe: Recipe, micro: int) -> list[tuple[str, Any]]:
         kv += [
             (f"{t}.recompute_granularity", "full"),
             (f"{t}.recompute_method", "uniform"),
-            (f"{t}.recompute_num_layers", int(mem.get("recompute_layers", 1))),
+            (
+                f"{t}.recompute_num_layers",
+                int(mem.get("recompute_layers", default("train.verl.memory.recompute_layers"))),
+            ),
         ]
     elif recompute == "selective":
         kv += [(f"{t}.recompute_granularity", "selective")]

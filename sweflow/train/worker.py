@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SweflowError
+from ..schema import defaults
 from ..util import atomic_write_json, setup_logging
 from .launch import SPEC_ENV
 
@@ -24,13 +25,13 @@ from .launch import SPEC_ENV
 def proxy_settings(train: Mapping[str, Any]) -> dict[str, Any]:
     """The `train.proxy` section with its defaults (host, port: 0 = a free one, public_url, and how prompts
     are built: build_mode tito | render, build_model auto | qwen3_5 | generic)."""
-    proxy = dict(train.get("proxy") or {})
+    proxy = defaults("train.proxy", train.get("proxy"))
     return {
-        "host": proxy.get("host", "127.0.0.1"),
-        "port": int(proxy.get("port", 0)),
-        "public_url": proxy.get("public_url"),
-        "build_mode": str(proxy.get("build_mode", "tito")),
-        "build_model": str(proxy.get("build_model", "auto")),
+        "host": proxy["host"],
+        "port": int(proxy["port"]),
+        "public_url": proxy["public_url"],
+        "build_mode": str(proxy["build_mode"]),
+        "build_model": str(proxy["build_model"]),
     }
 
 

@@ -188,3 +188,71 @@ def test_every_package_says_what_it_owns():
 def test_no_grab_bag_module_names():
     names = {p.stem for p in source_files()}
     assert not names & {"utils2", "helpers", "misc", "common_utils", "stuff"}
+
+
+# ------------------------------------------------------------------ one source for every default: the schema
+# In-sandbox modules run on the sandbox's interpreter with the standard library only: they cannot read it.
+IN_SANDBOX = ("sweflow/blackbox/", "sweflow/harness/driver.py", "sweflow/sample/repo_files/")
+# `.get(name, value)` calls whose value equals a schema default by coincidence (not a config section).
+NOT_A_CONFIG_READ = {
+    ("sweflow/grading/validation.py", "attempts"): "an evaluation record's own count of tries",
+}
+
+
+def schema_defaults() -> dict[str, set[str]]:
+    """Leaf name -> the reprs of the scalar defaults the schema gives keys of that name."""
+    from sweflow.schema import schema
+
+    out: dict[str, set[str]] = defaultdict(set)
+
+    def walk(node):
+        if not isinstance(node, dict):
+            return
+        for name, sub in (node.get("properties") or {}).items():
+            if isinstance(sub, dict) and "default" in sub and not isinstance(sub["default"], dict | list):
+                out[name].add(repr(sub["default"]))
+            walk(sub)
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"])
+
+    walk(schema())
+    return out
+
+
+def default_copies(text: str, where: str, known: dict[str, set[str]]) -> list[str]:
+    """`x.get("<key>", <literal>)` where the literal is the schema's default of a key of that name."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if not (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+        ):
+            continue
+        if len(node.args) != 2 or not all(isinstance(a, ast.Constant) for a in node.args):
+            continue
+        key, value = node.args[0].value, node.args[1].value
+        if (
+            isinstance(key, str)
+            and repr(value) in known.get(key, ())
+            and (where, key) not in NOT_A_CONFIG_READ
+        ):
+            found.append(f"{where}:{node.lineno}: .get({key!r}, {value!r})")
+    return found
+
+
+def test_no_module_copies_a_schema_default():
+    known = schema_defaults()
+    copies = []
+    for path in source_files():
+        where = path.relative_to(ROOT).as_posix()
+        if not where.startswith(IN_SANDBOX):
+            copies += default_copies(path.read_text(encoding="utf-8"), where, known)
+    assert copies == [], "read it with sweflow.schema.default(path) or defaults(section): " + "; ".join(
+        copies
+    )
+
+
+def test_the_copy_finder_finds_a_copy():
+    known = schema_defaults()
+    assert default_copies('d.get("cpus", 2)\nd.get("cpus", 3)\nd.get("cpus")', "x.py", known) == [
+        "x.py:1: .get('cpus', 2)"
+    ]
