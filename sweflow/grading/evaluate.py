@@ -38,30 +38,25 @@ never takes this setting.
 
 from __future__ import annotations
 
-import gzip
-import io
-import json
 import logging
 import os
-import shlex
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import EvalError, SandboxError
+from ..errors import EvalError
 from ..harness import driver
 from ..harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
 from ..sandbox.base import Provider, Sandbox
 from ..sandbox.logged import TRUNCATED_NOTE
-from ..util import atomic_write, retry
 from . import canary, fresh
+from .evidence import evidence_record, read_evidence, write_evidence
 from .integrity import DEFAULT_RULES, IntegrityRules
+from .patch import PatchResult, check_patch, extract_patch
 from .patch_integrity import (
-    PATCH_TOO_LARGE,
     PROHIBITED_TEST_INFRASTRUCTURE,
     PROHIBITED_TEST_MODIFICATION,
     SUSPICIOUS_TEST_TAMPERING,
@@ -69,27 +64,27 @@ from .patch_integrity import (
     check_patch_integrity,
     patch_paths,
 )
+from .reasons import (
+    EMPTY_GENERATION,
+    EVAL_NOT_RUN,
+    FAILED_APPLY_PATCH,
+    FRESH_EVAL_EXCEPTION,
+    FRESH_EVAL_TIMEOUT,
+    INFRA_REASONS,
+    LOG_TRUNCATED,
+    PATCH_DEFEATED_EVALUATION,
+    PATCH_EXTRACTION_FAILED,
+    PATCH_UNEXTRACTABLE,
+    SANDBOX_LOST,
+)
 
 log = logging.getLogger("sweflow.grading.evaluate")
+_decode = fresh.decode
 
-EMPTY_GENERATION = "empty_generation"
-LOG_TRUNCATED = "log_truncated"
 # The fresh-sandbox step's pinned git options and files (shared with SWE-smith's validation).
 PINNED_DIFF, UNHOOKED = fresh.PINNED_DIFF, fresh.UNHOOKED
 FRESH_DIFF_FILE, PATCH_FILE = fresh.FRESH_DIFF_FILE, fresh.PATCH_FILE
-PATCH_EXTRACTION_FAILED = "patch_extraction_failed"
-PATCH_UNEXTRACTABLE = "patch_unextractable"
-FAILED_APPLY_PATCH = "failed_apply_patch"
-FRESH_EVAL_EXCEPTION = "fresh_eval_exception"
-FRESH_EVAL_TIMEOUT = "fresh_eval_timeout"
-SANDBOX_LOST = "sandbox_lost"
-EVAL_NOT_RUN = "eval_not_run"
-# Reasons that say nothing about the patch or the task: the evaluation itself did not happen.
-INFRA_REASONS = (FRESH_EVAL_EXCEPTION, FRESH_EVAL_TIMEOUT, SANDBOX_LOST, EVAL_NOT_RUN)
-# An agent's patch whose every evaluation lost its sandbox or ran past the deadline while the provider
-# itself was healthy: a grade (reward 0), or the agent could turn a 0 into an aborted sample by crashing
-# its own grader (see evaluate_agent_patch).
-PATCH_DEFEATED_EVALUATION = "patch_defeated_evaluation"
+
 # Networks a fresh evaluation may get: offline, or the provider's outbound network.
 NETWORK_MODES = ("none", "internet")
 
@@ -113,108 +108,14 @@ __all__ = [
     "evaluate_agent_patch",
     "evaluate_patch",
     "extract_patch",
-    "write_evidence",
     "patch_paths",
+    # moved to .evidence, .patch and .reasons; still importable from here
+    "PATCH_EXTRACTION_FAILED",
+    "PATCH_UNEXTRACTABLE",
+    "evidence_record",
+    "read_evidence",
+    "write_evidence",
 ]
-
-
-# ----- patch extraction ---------------------------------------------------------------------------------
-@dataclass
-class PatchResult:
-    """The agent's change as a binary git diff against the base commit.
-
-    ``failure_reason`` is None for a gradable patch, else empty_generation, prohibited_test_modification
-    (``test_files`` names the offending paths) or patch_extraction_failed (``error`` says why).
-    """
-
-    patch: str
-    failure_reason: str | None
-    test_files: list[str] = field(default_factory=list)
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-_decode, _encode = fresh.decode, fresh.encode
-
-
-def check_patch(
-    patch: str,
-    metadata: Mapping[str, Any] | None = None,
-    *,
-    eval_script: str | None = None,
-    rules: IntegrityRules = DEFAULT_RULES,
-) -> tuple[str | None, list[str]]:
-    """(failure_reason, offending paths) of a patch: empty_generation, one of the integrity reasons of
-    ``sweflow.grading.patch_integrity`` (prohibited_test_modification first), or (None, [])."""
-    if not patch.strip():
-        return EMPTY_GENERATION, []
-    found = check_patch_integrity(patch, metadata=metadata, eval_script=eval_script, rules=rules)
-    if not found:
-        return None, []
-    reason = found[0].reason
-    return reason, sorted({v.path for v in found if v.reason == reason})
-
-
-def extract_patch(
-    sb: Sandbox,
-    base_commit: str,
-    *,
-    workdir: str = "/testbed",
-    attempts: int = 3,
-    rules: IntegrityRules = DEFAULT_RULES,
-) -> PatchResult:
-    """``git add -A && git diff --cached --binary <base>`` in ``workdir``, retried on SandboxError.
-
-    The diff goes through a file (``read_file``), not stdout, so a large patch is never cut to the
-    command output tail; one over ``rules.max_patch_bytes`` is never read (patch_too_large). Never raises:
-    provider faults, after ``attempts`` tries, are patch_extraction_failed (infrastructure); the command
-    failing in a live sandbox is patch_unextractable (the agent's doing: graded 0).
-    """
-    wd, base = shlex.quote(workdir), shlex.quote(base_commit)
-    # The agent controls this repository's .git: its config (diff prefixes, external diff, textconv) and
-    # its index (a stale index.lock) must not shape the diff. A private index and pinned options do that;
-    # what the diff SHOWS is re-checked in the fresh sandbox anyway (see _fresh_diff).
-    # A folder of its own, named at random: the agent cannot block it in advance (``touch /tmp/.sweflow``).
-    work = f"/tmp/.sweflow-extract-{uuid.uuid4().hex}"
-    index, out = f"{work}/index", f"{work}/patch.diff"
-    cmd = (
-        f"mkdir -m 700 {work} && cd {wd} && export GIT_INDEX_FILE={index} && git {UNHOOKED} add -A && "
-        f"git {PINNED_DIFF} --cached --binary {base} > {out}; rc=$?; rm -f {index}; "
-        f'[ $rc -eq 0 ] && printf "\\n%s\\n" "$(wc -c < {out})"; exit $rc'
-    )
-    cap = rules.max_patch_bytes
-
-    def once() -> str | None:
-        r = sb.run(cmd, timeout=120)
-        if not r.ok:
-            raise EvalError(
-                f"git diff failed (exit {r.exit_code}{', timed out' if r.timed_out else ''}): "
-                f"{(r.stderr or r.stdout).strip()[-300:]}",
-                row=getattr(sb, "id", None),
-                field="base_commit",
-            )
-        size = (r.stdout.strip().splitlines() or [""])[-1].strip()
-        if not size.isdigit():
-            raise EvalError(f"git diff wrote no size: {r.stdout.strip()[-200:]!r}", field="base_commit")
-        if int(size) > cap:
-            return None
-        data = sb.read_file(out)
-        return None if len(data) > cap else _decode(data)
-
-    try:
-        patch = retry(once, attempts=attempts, backoff=1.0, retry_on=(SandboxError,), what="extract_patch")
-    except SandboxError as exc:
-        return PatchResult("", PATCH_EXTRACTION_FAILED, [], f"{type(exc).__name__}: {exc}")
-    except EvalError as exc:
-        # The command ran in a live sandbox and failed: the agent's tree or .git did that (a broken
-        # repository, a hung file, a blocked path); the caller grades it 0 unless the sandbox is gone.
-        return PatchResult("", PATCH_UNEXTRACTABLE, [], f"{type(exc).__name__}: {exc}")
-    if patch is None:
-        return PatchResult("", PATCH_TOO_LARGE, [], f"the patch is over the cap of {cap} bytes")
-    reason, tests = check_patch(patch, rules=rules)
-    return PatchResult(patch, reason, tests)
 
 
 # ----- fresh evaluation ---------------------------------------------------------------------------------
@@ -270,36 +171,6 @@ def eval_network(network_cfg: Mapping[str, Any] | None, repo: str) -> str:
             row=repo or None,
         )
     return mode
-
-
-def evidence_record(res: EvalResult, **labels: Any) -> dict[str, Any]:
-    """One evaluation's evidence: ``labels``, the outcome, the status map and the whole log."""
-    return {
-        **labels,
-        "failure_reason": res.failure_reason,
-        "resolved": res.resolved,
-        "error": res.error,
-        "exit_code": res.exit_code,
-        "statuses": dict(sorted(res.statuses.items())),
-        "canaries": list(res.canaries),
-        "log": res.log,
-    }
-
-
-def write_evidence(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
-    """Write evidence records as gzip-compressed JSON lines, byte-stable (mtime 0, no file name), atomically."""
-    raw = io.BytesIO()
-    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
-        for rec in records:
-            gz.write(json.dumps(rec, sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogateescape"))
-            gz.write(b"\n")
-    atomic_write(path, raw.getvalue())
-
-
-def read_evidence(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records written by ``write_evidence``."""
-    with gzip.open(path, "rt", encoding="utf-8", errors="surrogateescape") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def evaluator_step(metadata: Mapping[str, Any]) -> dict[str, Any]:

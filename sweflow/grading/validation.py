@@ -33,7 +33,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..sandbox.base import Provider
-from .evaluate import INFRA_REASONS, EvalResult, check_patch, evaluate_patch, evidence_record
+from .evaluate import EvalResult, evaluate_patch
+from .evidence import evidence_record
+from .patch import check_patch
+from .reasons import INFRA_REASONS
 
 log = logging.getLogger("sweflow.validation")
 

@@ -30,8 +30,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sweflow.errors import SweflowError
-from sweflow.grading.evaluate import INFRA_REASONS, PATCH_EXTRACTION_FAILED, PATCH_UNEXTRACTABLE
 from sweflow.grading.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
+from sweflow.grading.reasons import INFRA_REASONS, PATCH_EXTRACTION_FAILED, PATCH_UNEXTRACTABLE
 from sweflow.grading.reward import RewardResult
 from sweflow.progress import item_log
 from sweflow.rollout.clients import BlackboxClient, HttpStatusError, ProxyClient

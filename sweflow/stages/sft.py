@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DatasetError, TrainError
-from ..grading.evaluate import read_evidence, write_evidence
+from ..grading.evidence import read_evidence, write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
 from ..schema import default

@@ -138,7 +138,7 @@ def megatron_checkpoint_step(
 
 
 def _read_trajectories(path: str | os.PathLike) -> list[dict[str, Any]]:
-    from ..grading.evaluate import read_evidence
+    from ..grading.evidence import read_evidence
 
     return read_evidence(path)
 

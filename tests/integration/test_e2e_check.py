@@ -159,7 +159,7 @@ def test_e2e_both_policies_with_the_local_provider(task, tokenizer, tmp_path):
     )
     check_report(report, out)
     assert report["provider"] == "local"
-    from sweflow.grading.evaluate import read_evidence
+    from sweflow.grading.evidence import read_evidence
 
     gold, tamper = read_evidence(evidence)
     assert (gold["policy"], gold["resolved"], gold["failure_reason"]) == ("gold", True, None)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sweflow.grading.evaluate import read_evidence
+from sweflow.grading.evidence import read_evidence
 from sweflow.util import read_json
 from tests.integration.conftest import PLANTED_API_KEY
 

@@ -103,7 +103,7 @@ def test_validation_rules_on_two_tasks(tmp_path):
             assert rec["verdict"] == "valid" and rec["provider"] == "docker" and len(rec["runs"]) == 4
             task = json.loads((work / f"results/sample/validation/validation-tasks/{iid}.json").read_text())
             assert task["gold_patch"] == load_task(iid)["patch"]
-            from sweflow.grading.evaluate import read_evidence
+            from sweflow.grading.evidence import read_evidence
 
             evidence = read_evidence(res / "validation" / f"{iid}.evidence.jsonl.gz")
             assert sorted((e["patch"], e["run"]) for e in evidence) == sorted(
@@ -145,7 +145,7 @@ def test_an_infrastructure_failure_is_an_error_verdict_that_the_next_run_retries
         assert err["instance_id"] == ids[1] and "fresh_eval_exception" in err["reason"], err
         # the error result is removed (so the next run retries the task); the evidence of every try stays
         assert not (res / "validation" / f"{ids[1]}.json").exists()
-        from sweflow.grading.evaluate import read_evidence
+        from sweflow.grading.evidence import read_evidence
 
         tries = read_evidence(res / "validation" / f"{ids[1]}.evidence.jsonl.gz")
         assert sorted(e["patch"] for e in tries) == ["empty", "empty", "gold", "gold"], tries

@@ -504,7 +504,7 @@ def test_eval_network_per_repository():
 
 
 def test_evidence_is_byte_stable_gzip_with_the_whole_log_and_status_map(tmp_path):
-    from sweflow.grading.evaluate import evidence_record, read_evidence, write_evidence
+    from sweflow.grading.evidence import evidence_record, read_evidence, write_evidence
 
     log = "noise\n" + "x" * 10_000 + "\n" + pytest_log(F2P_FAIL)
     res = evaluate_patch(FakeProvider(FakeSandbox(log=log, exit_code=1)), "tpl", META, SRC_PATCH)

@@ -329,7 +329,7 @@ def test_an_infrastructure_failure_of_the_grading_aborts_the_sample_never_reward
     assert result.training_samples() == [], "nothing of this sample reaches the trainer"
     assert reason in result.error and result.evaluation["failure_reason"] == reason
     assert_all_killed(provider)
-    from sweflow.grading.evaluate import read_evidence
+    from sweflow.grading.evidence import read_evidence
 
     result.write_evidence(str(tmp_path / "ev.jsonl.gz"))
     [rec] = read_evidence(tmp_path / "ev.jsonl.gz")

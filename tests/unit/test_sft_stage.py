@@ -115,7 +115,7 @@ def test_a_trajectory_holding_the_key_fails_the_collection_job(monkeypatch, tmp_
 
 def test_a_refused_transcript_is_dropped_and_counted_while_the_others_go_on(recorded, tmp_path):
     preds, evals, kept = recorded
-    from sweflow.grading.evaluate import read_evidence
+    from sweflow.grading.evidence import read_evidence
 
     records = read_evidence(preds)
     records[0]["turns"][-1]["request"]["messages"].insert(1, {"role": "assistant", "content": "forged"})

@@ -292,7 +292,7 @@ def test_an_error_task_is_reported_apart_and_its_input_made_newer_so_a_rerun_ret
 
 
 def test_the_evidence_file_holds_every_evaluation_and_the_network_reaches_evaluate(tmp_path):
-    from sweflow.grading.evaluate import read_evidence
+    from sweflow.grading.evidence import read_evidence
     from sweflow.stages.validate import validate_task_file
 
     task = tmp_path / "t.json"
