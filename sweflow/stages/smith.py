@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import posixpath
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from ..sandbox.registry import provider_from_config
 from ..schema import default
 from ..smith.candidates import FIRST_STRATEGIES, Candidate, read_candidates, read_jsonl, shard_of, write_jsonl
 from ..smith.profile import RepoProfile, load_profile
+from ..smith.strategies import Shard, candidates_of, request_failed
 from ..util import atomic_write_json, read_json
 from .common import profile_entries, smith_harness
 
@@ -160,85 +160,30 @@ def bug_candidates_step(
         with tempfile.TemporaryDirectory(prefix="sweflow-smith-") as tmp:
             tree = checkout(bare, commit, Path(tmp) / "tree")
             files = source_files(tree)
-            if strategy == "procedural":
-                from ..smith.procedural import procedural_candidates
+            lm_used: list[dict[str, Any]] = []
 
-                cands = procedural_candidates(
-                    tree,
-                    files,
+            @contextlib.contextmanager
+            def open_lm() -> Iterator[Any]:
+                with lm_endpoint(smith["lm"]) as settings:
+                    lm_used.append(_lm_record(settings, smith["lm"]))
+                    yield settings
+
+            cands, skipped = candidates_of(
+                Shard(
+                    strategy=strategy,
+                    tree=tree,
+                    files=files,
                     repo=repo,
                     commit=commit,
                     seed=seed,
                     shard=shard,
                     shards=shards,
-                    modifiers=opts.get("modifiers"),
-                    per_entity=opts["per_entity"],
-                    min_complexity=opts["min_complexity"],
-                    max_candidates=opts.get("max_candidates"),
+                    opts=opts,
+                    open_lm=open_lm,
+                    kept=lambda: _kept_candidates(validated, validated_candidates),
                 )
-            elif strategy in ("lm_modify", "lm_rewrite"):
-                from ..smith.lm_strategies import lm_candidates
-
-                with lm_endpoint(smith["lm"]) as settings:
-                    lm_record = _lm_record(settings, smith["lm"])
-                    cands, skipped = lm_candidates(
-                        tree,
-                        files,
-                        repo=repo,
-                        commit=commit,
-                        strategy=strategy,
-                        settings=settings,
-                        seed=seed,
-                        shard=shard,
-                        shards=shards,
-                        max_candidates=opts.get("max_candidates"),
-                    )
-            elif strategy == "pr_mirror":
-                from ..smith.pr_mirror import lm_file_rewriter, pr_candidates
-
-                with lm_endpoint(smith["lm"]) as settings:
-                    lm_record = _lm_record(settings, smith["lm"])
-                    cands, skipped = pr_candidates(
-                        tree,
-                        commit,
-                        repo=repo,
-                        shard=shard,
-                        shards=shards,
-                        limit=opts.get("max_commits"),
-                        rewrite=lm_file_rewriter(settings),
-                    )
-            elif strategy == "combine":
-                from ..smith.combine import combine_candidates
-
-                kept = _kept_candidates(validated, validated_candidates)
-
-                # a shard holds whole groups: the file, or its folder when combining by module
-                def group(c: Mapping[str, Any]) -> str:
-                    f = c["files"][0] if c["files"] else ""
-                    return f if opts["by"] == "file" else posixpath.dirname(f)
-
-                kept = [c for c in kept if shard_of(group(c), shards) == shard]
-                cands, skipped = combine_candidates(
-                    kept,
-                    repo=repo,
-                    commit=commit,
-                    tree=tree,
-                    seed=seed,
-                    max_combos=opts["max_combos"],
-                    min_bugs=opts["min_bugs"],
-                    max_bugs=opts["max_bugs"],
-                    by=opts["by"],
-                )
-            else:
-                raise SmithError(f"unknown strategy {strategy!r}", field="strategy")
-    if (
-        strategy in ("lm_modify", "lm_rewrite")
-        and skipped
-        and not cands
-        and all(_request_failed(r) for r in skipped)
-    ):
-        # the endpoint answered nothing (down, refused the key): an infrastructure fault, not a yield of 0
-        raise SmithError(f"every LM request failed; first: {skipped[0]['reason']}", field="smith.lm")
+            )
+            lm_record = lm_used[-1] if lm_used else None
     write_jsonl(out, (c.to_dict() for c in cands))
     report = {
         "strategy": strategy,
@@ -252,10 +197,6 @@ def bug_candidates_step(
     atomic_write_json(report_out, report)
     log.info("%s shard %d/%d: %d candidates, %d skipped", strategy, shard, shards, len(cands), len(skipped))
     return report
-
-
-def _request_failed(record: Mapping[str, Any]) -> bool:
-    return str(record.get("reason", "")).startswith("request failed")
 
 
 def _kept_candidates(reports: Sequence[str], candidate_files: Sequence[str]) -> list[dict[str, Any]]:
@@ -416,7 +357,7 @@ def statements_step(
         records
         and len(failed) == len(records)
         and all(
-            all(_request_failed({"reason": x}) for a in r["rejected"] for x in a["reasons"]) for r in failed
+            all(request_failed({"reason": x}) for a in r["rejected"] for x in a["reasons"]) for r in failed
         )
     ):
         raise SmithError("every LM request for a problem statement failed", field="smith.lm")
