@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 from ..errors import TrainError
 from ..rulekit import from_snakemake
-from ..schema import default
+from ..train.engines import ENGINES, EngineRun
 from ..train.worker import proxy_settings as _proxy_settings
 from ..util import (
     atomic_write,
@@ -249,10 +248,9 @@ def train_grpo_step(
     rows = read_tasks(tasks)
     run_dir = Path(outputs["summary"]).parent
     work = _prepare_work(run_dir, stable_json(recipe.to_dict()))
-    if recipe.engine == "trl":
-        result = _run_trl(recipe, rows, model_dir, work, train, sandbox, provider)
-    else:
-        result = _run_verl(recipe, tasks, rows, model_dir, work, train, sandbox, provider, megatron_dir)
+    result = ENGINES[recipe.engine](
+        EngineRun(recipe, tasks, rows, model_dir, work, train, sandbox, provider, megatron_dir)
+    )
     _publish(work, outputs)
     metrics = [json.loads(x) for x in Path(outputs["metrics"]).read_text().splitlines() if x.strip()]
     summary = {
@@ -275,148 +273,3 @@ def train_grpo_step(
     summary.pop("final_checkpoint", None)
     atomic_write_json(outputs["summary"], summary)
     return summary
-
-
-def _run_trl(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
-    """TRL in this process (world size 1), or in `world size` processes (sweflow.train.launch)."""
-    from ..train import launch
-    from ..train.worker import trl_in_process
-
-    plan = launch.plan(recipe, python=sys.executable, job_id=os.environ.get("SLURM_JOB_ID") or None)
-    if plan.argv is None:
-        return trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider)
-    log.info("TRL data parallel: %s", plan.describe())
-    logs = work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    result_file = work / "result.json"
-    result_file.unlink(missing_ok=True)
-    spec = {
-        "rows": rows,
-        "model_dir": str(model_dir),
-        "work": str(work),
-        "train": dict(train),
-        "sandbox": dict(sandbox),
-        "provider": provider,
-        "logs": str(logs),
-        "result": str(result_file),
-    }
-    # the spec (live config sections: they may hold secrets) travels in the environment, never on disk
-    env = {**os.environ, launch.SPEC_ENV: json.dumps(spec)}
-    proc = subprocess.run(plan.argv, env=env, check=False)
-    if proc.returncode != 0 or not result_file.exists():
-        raise TrainError(
-            f"the {plan.world_size} TRL processes exited with status {proc.returncode}",
-            file=str(logs),
-            hint=f"each rank's log is {logs}/rank-<n>.log; {plan.describe()}",
-        )
-    return {**read_json(result_file), "processes": plan.world_size,
-            "nodes": [n.name for n in plan.nodes] or None}  # fmt: skip
-
-
-def _run_verl(recipe, tasks, rows, model_dir, work, train, sandbox, provider, megatron_dir) -> dict[str, Any]:
-    import pandas as pd
-
-    from ..train import verl_engine as ve
-
-    data = pd.DataFrame(
-        [
-            {
-                "prompt": [
-                    {
-                        "role": "user",
-                        "content": "\n\n".join(m["content"] for m in r["prompt"] if m.get("role") == "user"),
-                    }
-                ],
-                "data_source": "sweflow",
-                "agent_name": ve.AGENT_LOOP_NAME,
-                "sweflow_row": json.dumps(r, sort_keys=True),
-                "extra_info": {"index": i, "instance_id": r["metadata"]["instance_id"]},
-            }
-            for i, r in enumerate(rows)
-        ]
-    )
-    parquet = work / "train.parquet"
-    data.to_parquet(parquet)
-    agent_cfg = work / "agent_loop.yaml"
-    atomic_write(agent_cfg, ve.agent_loop_config_yaml())
-    spec = {
-        "provider": provider,
-        "sandbox": dict(sandbox),
-        "proxy": _proxy_settings(train),
-        "rollout": {
-            "max_concurrency": recipe.max_concurrency,
-            "turn_timeout": recipe.turn_timeout,
-            "session_prefix": f"{recipe.run}.",
-        },
-        "sampling": {
-            "max_new_tokens": recipe.max_response_tokens,  # per call
-            "max_context_tokens": recipe.max_context_tokens,
-            "temperature": recipe.temperature,
-            "top_p": recipe.top_p,
-            "top_k": recipe.top_k,
-        },
-    }
-    spec_path = work / "rollout-spec.json"
-    atomic_write_json(spec_path, spec)
-    overrides = ve.verl_overrides(
-        recipe,
-        train_files=str(parquet),
-        val_files=str(parquet),
-        model_path=str(model_dir),
-        out_dir=str(work),
-        agent_loop_config=str(agent_cfg),
-        megatron_ckpt=megatron_dir,
-    )
-    ve.compose_verl_config(overrides)  # a bad override fails here, before Ray starts
-    script = ve.launch_script(
-        recipe,
-        overrides,
-        python=sys.executable,
-        ray_port=int(recipe.verl.get("ray_port", default("train.verl.ray_port"))),
-        log_dir=str(work / "logs"),
-        env={"SWEFLOW_ROLLOUT_SPEC": str(spec_path), "SWEFLOW_ROLLOUT_LOG": str(work / "rollout-log")},
-    )
-    launcher = work / "launch.sh"
-    atomic_write(launcher, script)
-    proc = subprocess.run(["bash", str(launcher)], check=False)
-    if proc.returncode != 0:
-        raise TrainError(
-            f"verl's trainer exited with status {proc.returncode}",
-            file=str(launcher),
-            hint=f"see {work / 'logs'}",
-        )
-    steps = ve.convert_verl_log(
-        work / "logs" / "verl_metrics", work / "metrics.jsonl", rollout_dir=work / "rollout-log"
-    )
-    _verl_rollout_files(work)
-    last = ve.latest_checkpoint_step(work / "checkpoints")
-    if last is None:
-        raise TrainError("verl saved no checkpoint", file=str(work / "checkpoints"), field="train.save_every")
-    # the final Hugging Face checkpoint: verl's own merger over the actor's last Megatron checkpoint
-    from transformers import AutoConfig
-
-    tie = bool(getattr(AutoConfig.from_pretrained(str(model_dir)), "tie_word_embeddings", False))
-    tmp = work / "final.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    merge = ve.merge_command(work / "checkpoints", last, tmp, python=sys.executable, tie_word_embeddings=tie)
-    proc = subprocess.run(merge, check=False)
-    if proc.returncode != 0:
-        raise TrainError(
-            f"verl's model merger exited with status {proc.returncode}", file=str(work / "checkpoints")
-        )
-    shutil.rmtree(work / "final", ignore_errors=True)
-    os.replace(tmp, work / "final")
-    return {"engine": "verl", "steps": steps, "final_from_step": last}
-
-
-def _verl_rollout_files(work: Path) -> None:
-    """The agent loop's per-process rollout log -> rollouts/step-<n>.jsonl."""
-    by_step: dict[int, list[str]] = {}
-    for f in sorted((work / "rollout-log").glob("*.jsonl")):
-        for line in f.read_text().splitlines():
-            if line.strip():
-                by_step.setdefault(int(json.loads(line).get("step") or 0), []).append(line)
-    out = work / "rollouts"
-    out.mkdir(exist_ok=True)
-    for step, lines in sorted(by_step.items()):
-        atomic_write(out / f"step-{step}.jsonl", "".join(sorted(lines)) + "\n" if lines else "")

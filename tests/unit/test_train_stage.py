@@ -7,6 +7,7 @@ import pytest
 
 from sweflow.errors import SweflowError
 from sweflow.stages import train as stage
+from sweflow.train import engines
 
 
 def test_no_valid_task_is_one_clear_error(tmp_path):
@@ -141,7 +142,7 @@ def test_the_verl_run_writes_its_inputs_launches_once_and_publishes_metrics_and_
             __import__("os").replace(tmp_path / "merged", target)
         return __import__("subprocess").CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(stage.subprocess, "run", fake_run)
+    monkeypatch.setattr(engines.subprocess, "run", fake_run)
     out = tmp_path / "results" / "grpo"
     outputs = {k: str(out / n) for k, n in (("summary", "summary.json"), ("metrics", "metrics.jsonl"), ("rollouts", "rollouts"), ("final", "final"))}  # fmt: skip
     summary = stage.train_grpo_step(tasks, model, tmp_path / "map.json", outputs, train=cfg["train"], sandbox=cfg["sandbox"], provider="docker")  # fmt: skip

@@ -1,4 +1,4 @@
-"""The bug strategies are a registry: every strategy the config may name has one function, picked by name."""
+"""Registries where there are alternatives: bug strategies and training engines, one function per name."""
 
 from __future__ import annotations
 
@@ -44,3 +44,9 @@ def test_an_lm_strategy_whose_every_request_failed_is_an_infrastructure_fault(mo
     with pytest.raises(SmithError, match="every LM request failed"):
         strategies.candidates_of(shard)
     assert opened == [1]
+
+
+def test_every_engine_the_recipe_accepts_has_a_registered_function():
+    from sweflow.train import engines, recipe
+
+    assert set(engines.ENGINES) == set(recipe.ENGINES) == {"trl", "verl"}
