@@ -3,16 +3,18 @@ fast tier).
 
 - `slow`: builds the embedded run or a Slurm cluster, or takes over ~10 s alone (marked where it is defined);
 - `gpu`: needs a CUDA device, skipped without one;
-- xdist groups: every test that reads the one embedded run or the one Slurm cluster runs on the same worker
-  (a session fixture is built once per worker), and so does every Docker test (one engine, shared image
-  tags); the rest spread over the workers.
+- xdist groups: the tests that read the embedded run on one worker, the Slurm tests on one (one cluster
+  per machine), the Docker tests on one (one engine, shared image tags); the rest spread over the workers.
+  The embedded run itself is built once per session whichever worker asks first (tests/integration/
+  conftest.py), so the Slurm comparison with it does not build it again.
 """
 
 from __future__ import annotations
 
 import pytest
 
-SHARED_RUNS = {"embedded_local_run", "slurm_cluster", "slurm_run", "trained"}
+EMBEDDED = {"embedded_local_run", "trained"}  # the one embedded run (built once, shared by the workers)
+SLURM = {"slurm_cluster", "slurm_run"}  # one Slurm cluster on this machine: its tests on one worker
 
 
 def _join_group(item, group: str) -> None:
@@ -40,9 +42,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         group = None
-        if names & SHARED_RUNS or item.get_closest_marker("slurm"):
+        if item.get_closest_marker("slurm") or names & SLURM:
             item.add_marker(pytest.mark.slow)
-            group = "shared-runs"
+            group = "slurm"
+        elif names & EMBEDDED:
+            item.add_marker(pytest.mark.slow)
+            group = "embedded"
         elif item.get_closest_marker("docker"):
             group = "docker"
         if group and grouping:

@@ -334,15 +334,16 @@ def convert_options(
     """ConvertOptions from the validated config sections."""
     from ..dataset.convert import ConvertOptions
 
+    # the rows carry the backend options as configured (a validated config has them all)
+    backend = dict(agent_cfg.get("backend_options") or {})
     agent_cfg, harness_cfg = defaults("agent", agent_cfg), defaults("harness", harness_cfg)
-    backend = dict(agent_cfg["backend_options"])
     return ConvertOptions(
         dataset=dataset,
         split=split,
         provider=provider,
         blackbox_type=agent_cfg["blackbox_type"],
         agent_mode=agent_cfg["agent_mode"],
-        workdir=backend["working_directory"],
+        workdir=agent_cfg["backend_options"]["working_directory"],
         sandbox_timeout_sec=sandbox_timeout_sec,
         sanitizer_timeout_sec=harness_cfg["sanitizer_timeout_sec"],
         after_agent_timeout_sec=harness_cfg["after_agent_timeout_sec"],

@@ -37,11 +37,33 @@ EMBEDDED_CONFIGS = [str(ROOT / "config" / "config.yaml"), str(ROOT / "tests" / "
 @pytest.fixture(scope="session")
 def embedded_local_run(tmp_path_factory):
     """`make run`'s pipeline (the embedded default, every stage; EMBEDDED_CONFIGS) with profiles/local, in a
-    fresh folder."""
+    fresh folder: built once per test session, under xdist too (the first worker to ask builds it under a
+    file lock in the folder the workers share; the others wait and read it)."""
     if not shutil.which("claude") or not shutil.which("bwrap"):
         pytest.skip("needs Claude Code and bubblewrap (.ci/system.sh)")
     pytest.importorskip("trl")
-    work = tmp_path_factory.mktemp("embedded-local")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _build_embedded_run(tmp_path_factory.mktemp("embedded-local"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # one per session, beside each worker's own
+    work, failed = shared / "embedded-local", shared / "embedded-local.failed"
+    with FileLock(str(shared / "embedded-local.lock")):
+        if failed.exists():
+            pytest.fail(f"the embedded run failed in another worker:\n{failed.read_text()}")
+        if not (shared / "embedded-local.done").exists():
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir()
+            try:
+                _build_embedded_run(work)
+            except BaseException as exc:
+                failed.write_text(str(exc)[-10000:])
+                raise
+            (shared / "embedded-local.done").write_text("ok\n")
+    return work
+
+
+def _build_embedded_run(work: Path) -> Path:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
            "--profile", str(ROOT / "profiles" / "local"), "--workflow-profile", "none",
            "--configfile", *EMBEDDED_CONFIGS]  # fmt: skip
