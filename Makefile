@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup system system-test run test test-fast lint clean slurm-profile gpu-wheels
+.PHONY: megatron-core-src setup system system-test run test test-fast lint clean slurm-profile gpu-wheels
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +38,12 @@ $(VENV)/.verl-installed: $(VENV)/.installed
 $(VENV)/megatron-core-0.16.1/.installed: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/megatron-core-0.16.1 'megatron-core==0.16.1'
 	touch $@
+
+# megatron-core releases the package index lacks (the 0.19.0 pin: release commit 5d4cf1d00bcc; 0.18.2),
+# built from a Megatron-LM clone for the same test: make megatron-core-src MEGATRON_LM=~/src/Megatron-LM
+MCORE_REFS ?= 5d4cf1d00bcc core_v0.18.2
+megatron-core-src: setup
+	bash .ci/megatron_core_src.sh $(VENV) '$(MEGATRON_LM)' $(MCORE_REFS)
 
 setup: $(VENV)/.installed $(VENV)/harness5/.installed $(VENV)/upstream/.installed
 

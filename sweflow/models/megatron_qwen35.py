@@ -248,7 +248,8 @@ def qwen35_config_report(
 
     kinds = layer_kinds()
     return {
-        "megatron_core": package_info.__version__,
+        # megatron-core appends the short git hash of whatever work tree it is installed in ("+abc1234")
+        "megatron_core": package_info.__version__.split("+")[0],
         "tensor_model_parallel_size": config.tensor_model_parallel_size,
         "context_parallel_size": config.context_parallel_size,
         "sequence_parallel": config.sequence_parallel,

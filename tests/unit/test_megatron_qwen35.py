@@ -6,11 +6,9 @@ this interpreter imports (the GPU environment, envs/train-verl.yaml) and every `
 named `<venv>/megatron-core-<version>/` (`pip install --no-deps --target .venv/megatron-core-0.16.1
 megatron-core==0.16.1` works from the package index;
 `make test` installs it, so CI runs the refusal). The pin itself (0.19.0) is not on the package index and
-declares Python >= 3.12. On this CPU venv it runs from a wheel of the release commit (`git archive
-5d4cf1d00bcc | tar -x -C src` in NVIDIA/Megatron-LM, then `pip wheel --no-deps --no-build-isolation
---ignore-requires-python src` with setuptools>=80 and pybind11), installed with `pip install --no-deps
---ignore-requires-python --target .venv/megatron-core-0.19.0 <wheel> triton` (megatron-core 0.18+ imports
-triton; CUDA torch ships it). A version that is not installed skips its test.
+declares Python >= 3.12: `make megatron-core-src MEGATRON_LM=<a Megatron-LM clone>` builds it from its release
+commit 5d4cf1d00bcc (and 0.18.2 from its tag) and installs each, with triton (0.18+ imports it), as such a
+folder. A version that is not installed skips its test.
 """
 
 from __future__ import annotations
