@@ -137,6 +137,38 @@ def replay_session(
     return session_figures(traj, call_s)
 
 
+def with_user_note(turns: list[dict], at: int, note: str) -> list[dict]:
+    """The session with a user text block after the tool results of request `at` (and of every later
+    request, which repeats it): what Claude Code sends with a system reminder or a queued user message."""
+    out = copy.deepcopy(turns)
+    n = len(out[at]["request"]["messages"])
+    for t in out[at:]:
+        msg = t["request"]["messages"][n - 1]
+        assert msg["role"] == "user"
+        msg["content"] = [*msg["content"], {"type": "text", "text": note}]
+    return out
+
+
+def compacted(turns: list[dict], at: int) -> list[dict]:
+    """The session with request `at` onwards rewritten as a compaction would: the history up to then
+    replaced by one user message holding a summary."""
+    out = copy.deepcopy(turns)
+    n = len(out[at]["request"]["messages"])
+    summary = {
+        "role": "user",
+        "content": [{"type": "text", "text": "Summary of the work so far: parser read."}],
+    }
+    for t in out[at:]:
+        t["request"]["messages"] = [summary, *t["request"]["messages"][n - 1 :]]
+    # a tool_result must follow its call: compaction keeps only the summary and what came after
+    for t in out[at:]:
+        first = t["request"]["messages"][1]
+        first["content"] = [b for b in first["content"] if b.get("type") != "tool_result"] or [
+            {"type": "text", "text": "Continue."}
+        ]
+    return out
+
+
 def exact_extension(turns: Sequence[dict]) -> bool:
     """Whether every turn of each lineage starts with the previous turn's exact prompt + output."""
     last: dict[Any, list[int]] = {}

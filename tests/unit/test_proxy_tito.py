@@ -97,20 +97,8 @@ def test_call_k_plus_1_starts_with_call_k_prompt_and_output_and_the_engine_gets_
     assert qwen.decode(seen[-1][0]).count(REASONING) == len(turns) - 1
 
 
-def with_user_note(turns: list[dict], at: int, note: str) -> list[dict]:
-    """The session with a user text block after the tool results of request `at` (and of every later
-    request, which repeats it): what Claude Code sends with a system reminder or a queued user message."""
-    out = copy.deepcopy(turns)
-    n = len(out[at]["request"]["messages"])
-    for t in out[at:]:
-        msg = t["request"]["messages"][n - 1]
-        assert msg["role"] == "user"
-        msg["content"] = [*msg["content"], {"type": "text", "text": note}]
-    return out
-
-
 def test_a_user_message_splits_the_rerendered_session_but_not_the_tito_one(qwen):
-    turns = with_user_note(load(RECORDED), 2, "<system-reminder>Keep going.</system-reminder>")
+    turns = replay.with_user_note(load(RECORDED), 2, "<system-reminder>Keep going.</system-reminder>")
     before = replay.replay_session(turns, qwen, mode="render", reasoning=REASONING)
     after = replay.replay_session(turns, qwen, mode="tito", reasoning=REASONING)
     # Qwen3.5's template drops the earlier turns' reasoning once a user query follows: the re-render is
@@ -120,29 +108,11 @@ def test_a_user_message_splits_the_rerendered_session_but_not_the_tito_one(qwen)
     assert after["model_tokens_in_samples"] == after["model_tokens"]
 
 
-def compacted(turns: list[dict], at: int) -> list[dict]:
-    """The session with request `at` onwards rewritten as a compaction would: the history up to then
-    replaced by one user message holding a summary."""
-    out = copy.deepcopy(turns)
-    n = len(out[at]["request"]["messages"])
-    summary = {
-        "role": "user",
-        "content": [{"type": "text", "text": "Summary of the work so far: parser read."}],
-    }
-    for t in out[at:]:
-        t["request"]["messages"] = [summary, *t["request"]["messages"][n - 1 :]]
-    # a tool_result must follow its call: compaction keeps only the summary and what came after
-    for t in out[at:]:
-        first = t["request"]["messages"][1]
-        first["content"] = [b for b in first["content"] if b.get("type") != "tool_result"] or [
-            {"type": "text", "text": "Continue."}
-        ]
-    return out
-
-
 def test_a_compaction_makes_exactly_one_more_lineage(qwen, tiny):
     for tok, reasoning in ((qwen, REASONING), (tiny, "")):
-        out = replay.replay_session(compacted(load(RECORDED), 2), tok, mode="tito", reasoning=reasoning)
+        out = replay.replay_session(
+            replay.compacted(load(RECORDED), 2), tok, mode="tito", reasoning=reasoning
+        )
         assert out["samples"] == 2 and out["lineage_reasons"] == ["first", "history_rewrite"], out
         assert out["exact_extension"] and out["model_tokens_in_samples"] == out["model_tokens"]
 
