@@ -309,13 +309,13 @@ class ProxyServer:
         plan = rec.lineages.plan(chat, tools)
         if plan.lineage is not None:
             lin = plan.lineage
-            room = self.config.max_prompt_tokens - len(lin.ids)
+            room = self.config.max_prompt_tokens - len(lin)
             try:
-                ended = self._stop_texts[self.stop_ids.index(lin.ids[-1])] if lin.ended_with_stop else None
+                ended = self._stop_texts[self.stop_ids.index(lin.last_id())] if lin.ended_with_stop else None
                 text = self._suffix.bridge(self._stop_texts, ended) + self._suffix.suffix(plan.appended)
                 if room <= 0:
-                    raise PromptTooLong(len(lin.ids), self.config.max_prompt_tokens)
-                return lin.ids + self._tokenizers.encode(text, room), plan, chat, tools
+                    raise PromptTooLong(len(lin), self.config.max_prompt_tokens)
+                return lin.extended(self._tokenizers.encode(text, room)), plan, chat, tools
             except PromptTooLong as exc:
                 raise HttpError(413, "request_too_large", str(exc)) from None
             except SuffixError as exc:
@@ -466,7 +466,8 @@ class ProxyServer:
                 chat=chat,
                 tools=tools,
                 answer=an.to_chat_messages(None, [{"role": "assistant", "content": blocks}])[0],
-                ids=prompt_ids + output,
+                prompt_ids=prompt_ids,
+                output_ids=output,
                 ended_with_stop=bool(output) and output[-1] in self.stop_ids,
             )
             commit = (lineage, version)
