@@ -176,6 +176,23 @@ def read_tasks(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
+def select_instances(rows: list[dict[str, Any]], instances: list[str] | None, path: str) -> list[dict[str, Any]]:
+    """The rows of `instances` (train.instances) in the split's order; every id must be a valid task."""
+    if instances is None:
+        return rows
+    have = {r["metadata"]["instance_id"] for r in rows}
+    missing = [i for i in instances if i not in have]
+    if missing or not instances:
+        raise TrainError(
+            f"train.instances names {', '.join(missing) or 'no task'}, not among the split's valid tasks",
+            file=str(path),
+            field="train.instances",
+            hint="list instance ids of tasks.valid.jsonl, or null for every task",
+        )
+    wanted = set(instances)
+    return [r for r in rows if r["metadata"]["instance_id"] in wanted]
+
+
 def _prepare_work(run_dir: Path, recipe_json: str) -> Path:
     """The run's working folder; emptied when it holds another recipe's state."""
     work = run_dir / "work"
@@ -245,7 +262,7 @@ def train_grpo_step(
             field="train.proxy.public_url",
             hint="publish the proxy's port(s) over HTTP(S) and set the URL ({port} is filled in per proxy)",
         )
-    rows = read_tasks(tasks)
+    rows = select_instances(read_tasks(tasks), train.get("instances"), str(tasks))
     run_dir = Path(outputs["summary"]).parent
     work = _prepare_work(run_dir, stable_json(recipe.to_dict()))
     result = ENGINES[recipe.engine](

@@ -29,7 +29,7 @@ def test_metrics_are_present_and_their_counts_add_up(trained):
     for m in metrics:
         assert m["samples"] == 8 == m["completed"] + m["aborted"]
         assert m["aborted"] == sum(m["aborted_by_reason"].values())
-        assert m["groups"] == 2 == m["groups_with_gradient"] + m["groups_without_gradient"]
+        assert m["groups"] == 1 == m["groups_with_gradient"] + m["groups_without_gradient"]
         for key in ("policy_loss", "kl", "clip_fraction", "tis_weight_mean", "tis_clipped_share", "entropy",
                     "grad_norm", "lr", "rollout_s", "train_s", "weight_sync_s", "tokens_per_s"):  # fmt: skip
             assert m[key] is not None, key

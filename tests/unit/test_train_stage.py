@@ -177,3 +177,17 @@ def test_the_verl_run_writes_its_inputs_launches_once_and_publishes_metrics_and_
     assert metrics[0]["reward_std"] == pytest.approx(2**-0.5)  # from the agent loop's rollout log
     assert (out / "rollouts" / "step-1.jsonl").exists() and (out / "final" / "model.safetensors").exists()
     assert summary["engine"] == "verl" and summary["final_from_step"] == 1
+
+
+def test_train_instances_keeps_those_rows_in_the_splits_order_and_refuses_an_unknown_id():
+    from sweflow.errors import TrainError
+    from sweflow.stages.train import select_instances
+
+    rows = [{"metadata": {"instance_id": f"o__r-{i}"}} for i in (1, 2, 3)]
+    assert select_instances(rows, None, "t.jsonl") is rows
+    got = select_instances(rows, ["o__r-3", "o__r-1"], "t.jsonl")
+    assert [r["metadata"]["instance_id"] for r in got] == ["o__r-1", "o__r-3"]
+    for bad in (["o__r-9"], []):
+        with pytest.raises(TrainError) as exc:
+            select_instances(rows, bad, "t.jsonl")
+        assert exc.value.field == "train.instances" and "t.jsonl" in str(exc.value)
