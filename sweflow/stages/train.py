@@ -176,7 +176,9 @@ def read_tasks(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def select_instances(rows: list[dict[str, Any]], instances: list[str] | None, path: str) -> list[dict[str, Any]]:
+def select_instances(
+    rows: list[dict[str, Any]], instances: list[str] | None, path: str
+) -> list[dict[str, Any]]:
     """The rows of `instances` (train.instances) in the split's order; every id must be a valid task."""
     if instances is None:
         return rows
