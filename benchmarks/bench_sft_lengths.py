@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     if args.tokenizer is None:
-        from sweflow.proxy.tiny import tiny_tokenizer_path
+        from sweflow.offline.tiny_model import tiny_tokenizer_path
 
         args.tokenizer = str(tiny_tokenizer_path())
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from sweflow.proxy.tiny import build_tiny_tokenizer
+from sweflow.offline.tiny_model import build_tiny_tokenizer
 from sweflow.train.recipe import Optim, Parallel, Recipe, check_recipe
 from sweflow.train.verl_engine import launch_script, verl_overrides
 

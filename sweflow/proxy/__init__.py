@@ -18,10 +18,8 @@ from sweflow.proxy.engines import (
     EngineTimeout,
     GenerateResult,
     SamplingParams,
-    ScriptedEngine,
     TransformersEngine,
     VLLMEngine,
-    scripted_logprob,
 )
 from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn, linearize
 from sweflow.proxy.server import ProxyConfig, ProxyServer
@@ -37,7 +35,6 @@ __all__ = [
     "ProxyConfig",
     "ProxyServer",
     "SamplingParams",
-    "ScriptedEngine",
     "SessionRecord",
     "ToolCall",
     "TransformersEngine",
@@ -47,5 +44,4 @@ __all__ = [
     "format_qwen_xml",
     "linearize",
     "parse_tool_calls",
-    "scripted_logprob",
 ]

@@ -20,7 +20,7 @@ import secrets
 import sys
 
 from sweflow.errors import SweflowError
-from sweflow.proxy.engines import ScriptedEngine, TransformersEngine, VLLMEngine
+from sweflow.proxy.engines import TransformersEngine, VLLMEngine
 from sweflow.proxy.recorder import LinearizeConfig
 from sweflow.proxy.server import ProxyConfig, ProxyServer
 
@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.script:
                 raise SweflowError("--script is required with --engine scripted", field="--script")
+            from sweflow.offline.scripted_engine import ScriptedEngine
+
             with open(args.script, encoding="utf-8") as fh:
                 engine = ScriptedEngine(json.load(fh), tokenizer)
         kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking == "true"}

@@ -45,7 +45,7 @@ def hub_endpoint(
     if endpoint != "local":
         yield endpoint
         return
-    from ..dataset import local_hub
+    from ..offline import local_hub
 
     local_hub.publish_sample(store_root)
     for repo_id in models:

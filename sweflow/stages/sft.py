@@ -76,7 +76,7 @@ def expert_upstream(
     if expert.get("endpoint") != "scripted":
         yield upstream_from_settings(expert)
         return
-    from ..trajectories.expert import DEFAULT_PLAN, base_url, scripted_expert
+    from ..offline.expert import DEFAULT_PLAN, base_url, scripted_expert
     from .validate import gold_patches
 
     patches: dict[str, str] = {}

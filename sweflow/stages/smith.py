@@ -117,7 +117,7 @@ def lm_endpoint(cfg: Mapping[str, Any]) -> Iterator[Any]:
     if cfg.get("endpoint") != "scripted":
         yield lm_settings(cfg)
         return
-    from ..smith.scripted_lm import ScriptedLM, offline_responder
+    from ..offline.scripted_lm import ScriptedLM, offline_responder
 
     with ScriptedLM(offline_responder) as server:
         yield lm_settings({**cfg, "endpoint": server.url})

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .lm import code_block, fence_block
+from ..smith.lm import code_block, fence_block
 
 Responder = Callable[[dict], str | dict]
 
@@ -272,7 +272,7 @@ def _small_change(source: str) -> str:
 
 def _modify(function: str) -> str:
     try:
-        from .procedural import mutate_source
+        from ..smith.procedural import mutate_source
 
         mutations = [
             m

@@ -207,7 +207,7 @@ def scripted_expert(
 ) -> Any:
     """A started-on-enter ScriptedLM serving the expert; its `url` ends in /v1 (the Upstream wants the
     part before it: `base_url(server)`)."""
-    from ..smith.scripted_lm import ScriptedLM
+    from .scripted_lm import ScriptedLM
 
     return ScriptedLM(ExpertResponder(patches, plan, statements=statements), api_key=api_key)
 
