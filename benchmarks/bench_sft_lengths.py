@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sweflow.train.sft import build_example  # noqa: E402
-from sweflow.trajectories.claude_code import read_claude_code, tool_call_row  # noqa: E402
+from sweflow.trajectories.claude_transcripts import read_claude_code, tool_call_row  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import DatasetError, HarnessError
 from ..util import jsonl_line
-from .images import ImageNaming
+from .image_names import ImageNaming
 from .sanitizer import sanitizer_command
 
 INTEGRITY_RULES = """

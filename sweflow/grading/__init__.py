@@ -4,5 +4,5 @@ It owns the fresh-sandbox evaluation of a patch (`evaluate`: extract it, apply i
 row's eval script through the provider's pipe, grade the log on the host with the harness package's parser),
 the integrity rules (`patch_integrity` for what a patch may not touch, `integrity` for agent tool calls that
 fetch the solution or edit tests), the reward from a grade (`reward`) and the validation verdicts of a task
-(`validation`: gold must resolve, empty must not). Eval scripts and log parsers come from `sweflow.harness`.
+(`task_validation`: gold must resolve, empty must not). Eval scripts and log parsers come from `sweflow.harness`.
 """

@@ -1,5 +1,5 @@
 """The trusted fresh-sandbox step: what grading (``grading.evaluate``) and SWE-smith's candidate validation
-(``smith.validate``) both do before they run tests on a patch they do not trust.
+(``smith.bug_validation``) both do before they run tests on a patch they do not trust.
 
 - ``prepare``: reset the tree to the base commit (``git reset --hard && git clean -fd``), list the untracked
   files under ignore rules, write the patch and ``git apply --binary`` it; the apply error, or None;

@@ -223,7 +223,7 @@ def traj_to_messages_step(
     """The kept trajectories in both chat forms, and a summary: attempts collected, completed, graded,
     resolved, kept and dropped by reason (the counts add up), the ids trained on and the system prompts."""
     from ..smith.candidates import read_jsonl
-    from ..trajectories.claude_code import read_claude_code, tool_call_row
+    from ..trajectories.claude_transcripts import read_claude_code, tool_call_row
     from ..trajectories.text_form import text_row
 
     verdicts: dict[str, dict[str, Any]] = {}

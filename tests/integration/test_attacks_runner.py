@@ -244,7 +244,7 @@ def test_files_the_patch_hides_under_ignore_rules_are_re_checked(env, task):
 @pytest.mark.parametrize("name", ["runtest_noop", "collect_print_exit"])
 def test_validate_tasks_refuses_a_gold_patch_that_owns_the_runner(env, task, name):
     """A dataset row whose "gold" patch only forges the run was `valid` before the canaries."""
-    from sweflow.grading.validation import validate_task
+    from sweflow.grading.task_validation import validate_task
 
     rec = validate_task(env.provider, env.meta(task), _init_with(env, task, ATTACKS[name]), repeats=1)
     assert rec["verdict"] == "gold_fails", rec

@@ -195,7 +195,7 @@ def test_no_grab_bag_module_names():
 IN_SANDBOX = ("sweflow/blackbox/", "sweflow/harness/driver.py", "sweflow/sample/repo_files/")
 # `.get(name, value)` calls whose value equals a schema default by coincidence (not a config section).
 NOT_A_CONFIG_READ = {
-    ("sweflow/grading/validation.py", "attempts"): "an evaluation record's own count of tries",
+    ("sweflow/grading/task_validation.py", "attempts"): "an evaluation record's own count of tries",
 }
 
 

@@ -36,7 +36,7 @@ from ..util import retry
 from .candidates import Candidate
 from .profile import RepoProfile
 
-log = logging.getLogger("sweflow.smith.validate")
+log = logging.getLogger("sweflow.smith.validate")  # its name from before the module was renamed
 
 PASSED = "PASSED"
 ABSENT = "ABSENT"
