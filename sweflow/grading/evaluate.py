@@ -52,7 +52,7 @@ from ..harness import driver
 from ..harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
 from ..sandbox.base import Provider, Sandbox
 from ..sandbox.logged import TRUNCATED_NOTE
-from . import canary, fresh
+from . import canary, canary_place, fresh
 from .evidence import evidence_record, read_evidence, write_evidence
 from .integrity import DEFAULT_RULES, IntegrityRules
 from .patch import PatchResult, check_patch, extract_patch
@@ -316,13 +316,13 @@ def evaluate_patch(
                 base,
                 list(metadata.get("PASS_TO_PASS") or []),
                 test_command,
-                test_patch=canary.test_patch_of(script),
+                test_patch=canary_place.test_patch_of(script),
                 rng=rng,
                 family=family,
                 reserved=_test_names(metadata),
                 fail_to_pass=list(metadata.get("FAIL_TO_PASS") or []),
             )
-            host_script = canary.inject(host_script, planted, start)
+            host_script = canary_place.inject(host_script, planted, start)
             timings["canary_s"] = round(time.monotonic() - tc, 3)
         sb.write_file(HOST_SCRIPT, host_script)
         timings["setup_s"] = round(time.monotonic() - t1, 3)

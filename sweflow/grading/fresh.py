@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import SandboxError
 from ..sandbox.base import Sandbox
-from . import canary
+from . import canary, canary_place, canary_plan
 from .integrity import DEFAULT_RULES, IntegrityRules
 from .patch_integrity import PatchViolation, applied_size_violation
 
@@ -178,11 +178,11 @@ def draw_canaries(
     cloned), ``test_patch`` applied host-side; placed in the files as the run will find them: a file the
     test patch writes as the host's apply leaves it, any other as the tree holds it now."""
     rng = rng or random.SystemRandom()
-    files = canary.candidate_files(list(passing), test_command, family)
+    files = canary_plan.candidate_files(list(passing), test_command, family)
     rng.shuffle(files)
     twin_files = [
         f
-        for f in canary.candidate_files(list(fail_to_pass), test_command, family)
+        for f in canary_plan.candidate_files(list(fail_to_pass), test_command, family)
         if f not in files[:max_files]
     ]
     wanted = files[: max_files * 2] + twin_files[:4]
@@ -193,8 +193,8 @@ def draw_canaries(
     # below what was read left a run unguarded whenever the shuffle put the one cloneable file past it
     for path, text in read_at_base(sb, workdir, base, wanted).items():
         if text is not None or f"b/{path}" in test_patch:  # (a file the test patch creates too)
-            texts[path] = canary.apply_to(path, text, test_patch)
-    planned = canary.plan_canaries(
+            texts[path] = canary_place.apply_to(path, text, test_patch)
+    planned = canary_plan.plan_canaries(
         texts,
         list(passing),
         rng,
@@ -209,10 +209,10 @@ def draw_canaries(
     current = {p: texts[p] for p in patched} | read_current(
         sb, workdir, [p for p in paths if p not in patched]
     )
-    return canary.place(planned, current, rng)
+    return canary_place.place(planned, current, rng)
 
 
 def plant_canaries(sb: Sandbox, workdir: str, canaries: canary.CanarySet | Sequence[canary.Canary]) -> None:
     """Plant the canaries in their files in the sandbox's tree now."""
     if canaries:
-        _must(sb, f"cd {shlex.quote(workdir)} && {canary.injection(canaries)}", "planting the canaries")
+        _must(sb, f"cd {shlex.quote(workdir)} && {canary_place.injection(canaries)}", "planting the canaries")

@@ -203,9 +203,11 @@ def test_without_twins_of_the_fail_to_pass_tests_the_twin_aware_forger_would_be_
     only the near-twins of the FAIL_TO_PASS tests keep it from being paid."""
     import functools
 
-    from sweflow.grading import canary
+    from sweflow.grading import canary_plan
 
-    monkeypatch.setattr(canary, "plan_canaries", functools.partial(canary.plan_canaries, twins=twins))
+    monkeypatch.setattr(
+        canary_plan, "plan_canaries", functools.partial(canary_plan.plan_canaries, twins=twins)
+    )
     res = _evaluate(env, task, _init_with(env, task, NOOP_NEW_WITHOUT_TWIN), rules=NO_TAMPER_SCAN)
     assert res.canaries and any(c["of"] == "f2p" for c in res.canaries) == (twins > 0)
     if twins:  # each FAIL_TO_PASS test has a twin now, so the forger runs it honestly: it fails
