@@ -1,8 +1,8 @@
 """Canary placing: the test files as the run will find them, each canary put into its file, the shell lines.
 
-Each clone sits after a sibling drawn at random (a function among the module's definitions, a method among its
-class's, sharing the class's fixtures and setUp); the file is written whole. ``test_patch_of``/``apply_to`` give
-a file's text after the eval script's own test patch, applied by the host's git outside any repository.
+Each clone sits after a sibling drawn at random (a function among the module's definitions, a method among
+its class's, sharing the class's fixtures and setUp); the file is written whole. ``test_patch_of`` and
+``apply_to`` give a file's text after the eval script's test patch, applied by the host's git (no repository).
 """
 
 from __future__ import annotations

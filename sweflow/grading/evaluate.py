@@ -237,7 +237,7 @@ def evaluate_patch(
     ``deadline`` is an absolute ``time.monotonic()`` instant (default: now + the evaluator step's timeout
     + 120 s); past it the result is fresh_eval_timeout. The sandbox is always killed. A row without an
     evaluator command raises EvalError (a caller bug, not a rollout outcome). Infrastructure failures
-    come back with ``infra`` True (see the module docstring).
+    come back with ``infra`` True (see the comment above `EvalResult`).
 
     ``canaries`` (default on): for a pytest-family row the host appends canary tests of its own to a test
     file the command runs, just before the test output starts (``sweflow.grading.canary``); a canary with

@@ -1,8 +1,8 @@
 """The local Hub's store: versioned dataset and model repositories on disk, with git-like commits.
 
 Every commit is an immutable set of files whose 40-hex sha is derived from its content, message and parent
-(so the same publishes give the same shas everywhere); branches and tags point at commits. Layout of
-`root/`: `objects/<sha256>` (file contents), `<type>s/<repo_id>/commits/<sha>.json`, `<type>s/<repo_id>/refs.json`.
+(so the same publishes give the same shas everywhere); branches and tags point at commits. Layout of `root/`:
+`objects/<sha256>` (file contents), `<type>s/<repo_id>/commits/<sha>.json`, `<type>s/<repo_id>/refs.json`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The SFT stage (rules/sft.smk) as plain functions: expert trajectories -> fresh-sandbox grading -> chat
-messages -> supervised fine-tuning (SWE-smith's recipe).
-
-- `collect_trajectories_step`: k attempts per valid task of one shard with the real agent; its model calls go
-  through the proxy's pass-through mode to the `sft.collect.expert` endpoint (the real API for users, the
-  scripted expert offline). The key is read from the environment by name and never written anywhere.
-- `evaluate_predictions_step`: every attempt's patch in a fresh sandbox; kept = resolved and integrity-clean.
-- `traj_to_messages_step`: the kept trajectories (plus published SWE-agent `.traj` files, when configured) as
-  tool-call chat JSONL and SWE-smith's text form, and a summary whose counts add up.
-- `train_sft_step`: TRL's SFTTrainer on one of the two forms (sweflow.train.sft).
+messages -> supervised fine-tuning (SWE-smith's recipe): `collect_trajectories_step` (the real agent, its model
+calls passed through the proxy to `sft.collect.expert`; the key is read from the environment by name and never
+written), `evaluate_predictions_step` (kept = resolved and integrity-clean), `traj_to_messages_step` (tool-call
+chat JSONL and SWE-smith's text form) and `train_sft_step` (TRL's SFTTrainer, sweflow.train.sft).
 """
 
 from __future__ import annotations
@@ -102,6 +97,10 @@ def _with_backend(rows: Sequence[dict[str, Any]], overrides: Mapping[str, Any]) 
     return out
 
 
+# `collect_trajectories_step`: k attempts per valid task of one shard with the real agent; its model calls go
+# through the proxy's pass-through mode to the `sft.collect.expert` endpoint (the real API for users, the
+# scripted expert offline). `traj_to_messages_step`: the kept trajectories (plus published SWE-agent `.traj`
+# files, when configured) as tool-call chat JSONL and SWE-smith's text form, and a summary whose counts add up.
 def collect_trajectories_step(
     jsonl_files: Sequence[str | os.PathLike],
     parquets: Sequence[tuple[str, str | os.PathLike]],
