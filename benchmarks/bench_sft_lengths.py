@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from sweflow.train.sft import build_example  # noqa: E402
-from sweflow.trajectories.claude_code import read_claude_code, tool_call_row  # noqa: E402
+from sweflow.trajectories.claude_transcripts import read_claude_code, tool_call_row  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     if args.tokenizer is None:
-        from sweflow.proxy.tiny import tiny_tokenizer_path
+        from sweflow.offline.tiny_model import tiny_tokenizer_path
 
         args.tokenizer = str(tiny_tokenizer_path())
     tok = AutoTokenizer.from_pretrained(args.tokenizer)

@@ -98,9 +98,9 @@ def bench_validation(n: int, tmp: Path) -> None:
         return
     from sweflow.harness import load_harness
     from sweflow.sandbox.registry import provider_from_config
+    from sweflow.smith.bug_validation import validate_candidate
     from sweflow.smith.env import build_environment, materialize_source
     from sweflow.smith.profile import load_profile
-    from sweflow.smith.validate import validate_candidate
 
     prof = load_profile("sample")
     src = materialize_source(prof, tmp / "v" / "repo.git")
@@ -113,7 +113,7 @@ def bench_validation(n: int, tmp: Path) -> None:
     prov = provider_from_config("local", cfg, purpose="eval")
     parser = load_harness("swebench").find_parser(prof.log_parser)
     ref = {"passed": []}
-    from sweflow.smith.validate import reference_run, reference_verdict
+    from sweflow.smith.bug_validation import reference_run, reference_verdict
 
     ref = reference_verdict(reference_run(prov, tpl, prof, src["commit"], parser=parser), prof)
     t = time.monotonic()

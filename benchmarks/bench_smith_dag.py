@@ -11,7 +11,7 @@ The fake runner stays out of production code: this script writes a `sitecustomiz
 and puts that folder on PYTHONPATH for the snakemake process only (its `script:` jobs are subprocesses that
 inherit the environment). An import hook there replaces, once each module is loaded,
 
-- `sweflow.smith.validate.run_suite` (the one function that starts a sandbox and runs the suite, for the
+- `sweflow.smith.bug_validation.run_suite` (the one function that starts a sandbox and runs the suite, for the
   reference run and every candidate): instead it builds the pytest `-rA` log the sandbox would have
   returned, for a fixed suite of `--suite-tests` test ids spread over the repository's real test files,
   and parses it with the configured harness parser; a candidate breaks two tests (-> kept) when the
@@ -75,7 +75,7 @@ def _suite():
 
 def _fake_run_suite(provider, template, profile, commit, *, parser, patch="", runs=2, timeout=None):
     from sweflow.harness import driver
-    from sweflow.smith.validate import SuiteResult, SuiteRun
+    from sweflow.smith.bug_validation import SuiteResult, SuiteRun
 
     suite = _suite()
     broken = set()
@@ -115,7 +115,7 @@ def _patch_env(module):
     module.build_environment = _fake_build_environment
 
 
-_PATCHES = {"sweflow.smith.validate": _patch_validate, "sweflow.smith.env": _patch_env}
+_PATCHES = {"sweflow.smith.bug_validation": _patch_validate, "sweflow.smith.env": _patch_env}
 
 
 class _PatchFinder(importlib.abc.MetaPathFinder):

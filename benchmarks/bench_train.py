@@ -98,7 +98,7 @@ def run_preset(args) -> dict:
     import torch
     from transformers import AutoTokenizer
 
-    from sweflow.proxy.tiny import build_tiny_model
+    from sweflow.offline.tiny_model import build_tiny_model
     from sweflow.train.recipe import Optim, Recipe, check_recipe
     from sweflow.train.trl_engine import train_trl
 

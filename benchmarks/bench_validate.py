@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sweflow.grading.validation import validate_task
+from sweflow.grading.task_validation import validate_task
 from sweflow.sample import instance_ids, load_task
 
 

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import torch
 from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-from sweflow.proxy.tiny import build_tiny_tokenizer
+from sweflow.offline.tiny_model import build_tiny_tokenizer
 from sweflow.train.recipe import Optim, Parallel, Recipe, check_recipe
 from sweflow.train.verl_engine import launch_script, verl_overrides
 
@@ -102,7 +102,7 @@ if (( RC != 0 )); then tail -n 60 "$WORK/train.log" >&2; fi
 import json, sys
 from pathlib import Path
 
-from sweflow.train.verl_engine import convert_verl_log
+from sweflow.train.verl_metrics import convert_verl_log
 
 work, rc = Path(sys.argv[1]), int(sys.argv[2])
 files = sorted((work / "logs" / "verl_metrics").glob("*.jsonl"))

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/record_sessions.py --tasks sweflow__calclib-1 --caching  # cache_control on
 
 Each session is the real Claude Code CLI in a local (bubblewrap) sandbox, its model calls answered by the
-scripted policy of `sweflow.rollout.e2e` behind the token-recording proxy (the tiny tokenizer, messages
+scripted policy of `sweflow.offline.policies` behind the token-recording proxy (the tiny tokenizer, messages
 recorded), graded by the fresh evaluation as in the e2e check. Writes
 ``<out>/<instance_id>.<policy>.json.gz``: {"instance_id", "policy", "claude_version", "outcome", "turns"},
 each turn what Claude Code sent (request: model, system, tools, messages, unstripped) and what the proxy
@@ -32,9 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sweflow.errors import DatasetError  # noqa: E402
+from sweflow.offline.policies import gold_edits, gold_policy, tamper_policy  # noqa: E402
 from sweflow.proxy import ProxyConfig  # noqa: E402
 from sweflow.rollout.clients import HttpProxyClient  # noqa: E402
-from sweflow.rollout.e2e import POLICIES, gold_edits, gold_policy, run_policy, tamper_policy  # noqa: E402
+from sweflow.rollout.e2e import POLICIES, run_policy  # noqa: E402
 from sweflow.rollout.types import RolloutConfig  # noqa: E402
 from sweflow.util import atomic_write  # noqa: E402
 

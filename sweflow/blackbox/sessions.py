@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .claude_code import ClaudeCodeAgent, ClaudeCodeOptions, OptionError
+from .claude_code import ClaudeCodeAgent
+from .claude_options import ClaudeCodeOptions, OptionError
 from .procs import run_command
 
 # The blackbox's own secret (and where it is kept) never reaches a child process.

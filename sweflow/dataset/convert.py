@@ -1,14 +1,8 @@
 """One validated dataset row -> one training JSONL row (no gold patch anywhere).
 
-The row's ``blackbox_execute_cmds.after_agent`` evaluator (the official eval script plus an in-sandbox
-parser that prints a reward marker) is kept for trainers that grade the recipe's way; it TRUSTS the
-sandbox it runs in. sweflow itself never reads that marker: ``sweflow.grading.evaluate`` runs the same script
-through the provider and grades the log on the host (``metadata.harness.parser`` names the parser).
-
-One row does not sink the split: a valid row whose template build failed or that the harness cannot handle
-(unknown repo or version, no eval script) is skipped and listed in the convert report with file, row,
-field and reason; the other rows convert. Rows that break the schema never get here: split validation
-(``sweflow.dataset.splits``) fails the split on them, listing them all.
+The row keeps the recipe's in-sandbox evaluator (``blackbox_execute_cmds.after_agent``, which TRUSTS its
+sandbox) for other trainers; sweflow grades on the host instead (``sweflow.grading.evaluate``). A row that
+cannot be converted is skipped and reported; the other rows of the split convert.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ from typing import Any
 
 from ..errors import DatasetError, HarnessError
 from ..util import jsonl_line
-from .images import ImageNaming
+from .image_names import ImageNaming
 from .sanitizer import sanitizer_command
 
 INTEGRITY_RULES = """
@@ -93,6 +87,10 @@ def _eval_type(inst: dict[str, Any]) -> dict[str, str]:
     return {"eval_type": kind} if kind and kind != "pass_and_fail" else {}
 
 
+# The row's ``blackbox_execute_cmds.after_agent`` evaluator (the official eval script plus an in-sandbox
+# parser that prints a reward marker) is kept for trainers that grade the recipe's way; it TRUSTS the
+# sandbox it runs in. sweflow itself never reads that marker: ``sweflow.grading.evaluate`` runs the same script
+# through the provider and grades the log on the host (``metadata.harness.parser`` names the parser).
 def _row(
     inst: dict[str, Any], *, template: str, evaluator_cmd: str, opts: ConvertOptions, parser: str | None
 ) -> dict[str, Any]:
@@ -187,6 +185,10 @@ class _Chunk:
 
 
 @_gc_paused()
+# One row does not sink the split: a valid row whose template build failed or that the harness cannot handle
+# (unknown repo or version, no eval script) is skipped and listed in the convert report with file, row,
+# field and reason; the other rows convert. Rows that break the schema never get here: split validation
+# (``sweflow.dataset.splits``) fails the split on them, listing them all.
 def convert_split(
     instances: Iterable[dict[str, Any]],
     *,

@@ -1,6 +1,6 @@
 """The Hugging Face Hub client side: a revision (branch, tag or sha) -> its commit sha, one file at that sha.
 
-Both go through the real `huggingface_hub` client (pointed at the local Hub of `sweflow.dataset.local_hub`
+Both go through the real `huggingface_hub` client (pointed at the local Hub of `sweflow.offline.local_hub`
 by `hub_endpoint_env`), with retries; every failure is one DatasetError naming the repository, file and
 config field. The offline mode copies the split files from a folder instead.
 """

@@ -1,8 +1,6 @@
 """Grading, outside every sandbox: how a patch earns its reward and whether a task can be trained on.
 
-It owns the fresh-sandbox evaluation of a patch (`evaluate`: extract it, apply it to a new sandbox, run the
-row's eval script through the provider's pipe, grade the log on the host with the harness package's parser),
-the integrity rules (`patch_integrity` for what a patch may not touch, `integrity` for agent tool calls that
-fetch the solution or edit tests), the reward from a grade (`reward`) and the validation verdicts of a task
-(`validation`: gold must resolve, empty must not). Eval scripts and log parsers come from `sweflow.harness`.
+`evaluate` grades a patch in a fresh sandbox (`fresh`: the one trusted step, `canary*`: the host's tests,
+`agent_eval`: retries for an agent's patch); `patch_integrity`/`integrity`: what a patch or a tool call may
+not do; `reward`; `task_validation`: gold must resolve, empty must not. Eval scripts: `sweflow.harness`.
 """

@@ -1,39 +1,8 @@
 """Fresh-sandbox evaluation: take the agent's patch out of its sandbox, grade it in a new one, get a reward.
 
-Typical use (the rollout dispatcher)::
-
-    got = extract_patch(agent_sandbox, meta["base_commit"])
-    if got.failure_reason:                       # empty_generation / prohibited_test_modification / ...
-        reward = 0.0
-    else:
-        res = evaluate_patch(provider, meta["sandbox_image"], meta, got.patch)
-        reward = res.reward                      # 1.0 only when the host-side grade says resolved
-
-No sandbox is trusted for grading. The patch is first checked against the integrity rules (tests, test
-infrastructure, files the eval script relies on, code reaching for the test run), then applied to a NEW
-sandbox from the same template, reset to the base commit. There the official eval script of the row runs
-with its output piped to the host by the provider (``Sandbox.run_logged``); the exit status is the
-provider's record of the test command, and the log is parsed and graded HERE with the harness package's
-own parser (``sweflow.harness.grader``). Nothing the tested code prints is read as a verdict: a forged
-PASSED line meets the cross-checks (exit status vs statuses, contradictory and duplicated status lines).
-The row's in-sandbox evaluator command (with its reward marker) stays in the training JSONL for other
-trainers; it trusts the sandbox.
-
-Infrastructure failures are not grades. ``EvalResult.infra`` is True (and ``error`` says why) when the
-evaluation could not run: a provider fault (fresh_eval_exception), the provider's deadline passed
-(fresh_eval_timeout: the in-sandbox ``timeout`` should have ended the script long before), the sandbox or
-the eval process was killed from outside (sandbox_lost), or the log of a trusted patch (validation's gold and
-empty) lacks the harness's start marker while the script ended on its own (eval_not_run: it never reached
-the test command). Callers retry or
-abort; they never give reward 0 for these. One exception, for an agent's patch only
-(``evaluate_agent_patch``): when the sandbox is lost or the deadline passes on every retry while a control
-sandbox of the same template starts and answers, the patch is what broke the evaluation, and that is a
-grade (patch_defeated_evaluation, reward 0). The test command running past its own ``timeout`` (exit
-124/137 from the eval script, the sandbox alive) is a grade: ``eval_timeout``, not resolved, as upstream.
-
-Network: a fresh sandbox is offline unless ``network`` says otherwise (``eval_network`` reads the
-``sandbox.network`` config: ``eval`` with per-repository ``eval_repos`` overrides); the agent's sandbox
-never takes this setting.
+``evaluate_patch`` checks the patch against the integrity rules, applies it to a NEW sandbox of the row's
+template (``sweflow.grading.fresh``), runs the row's eval script there and grades the log on the host with the
+harness package's parser; no sandbox is trusted for grading. ``agent_eval`` retries it for an agent's patch.
 """
 
 from __future__ import annotations
@@ -52,7 +21,7 @@ from ..harness import driver
 from ..harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
 from ..sandbox.base import Provider, Sandbox
 from ..sandbox.logged import TRUNCATED_NOTE
-from . import canary, fresh
+from . import canary, canary_place, fresh
 from .evidence import evidence_record, read_evidence, write_evidence
 from .integrity import DEFAULT_RULES, IntegrityRules
 from .patch import PatchResult, check_patch, extract_patch
@@ -81,11 +50,9 @@ from .reasons import (
 log = logging.getLogger("sweflow.grading.evaluate")
 _decode = fresh.decode
 
-# The fresh-sandbox step's pinned git options and files (shared with SWE-smith's validation).
-PINNED_DIFF, UNHOOKED = fresh.PINNED_DIFF, fresh.UNHOOKED
-FRESH_DIFF_FILE, PATCH_FILE = fresh.FRESH_DIFF_FILE, fresh.PATCH_FILE
-
-# Networks a fresh evaluation may get: offline, or the provider's outbound network.
+# Network: a fresh sandbox is offline unless ``network`` says otherwise (``eval_network`` reads the
+# ``sandbox.network`` config: ``eval`` with per-repository ``eval_repos`` overrides); the agent's sandbox
+# never takes this setting. The networks a fresh evaluation may get: offline, or the provider's outbound one.
 NETWORK_MODES = ("none", "internet")
 
 OUTPUT_TAIL_CHARS = 4000
@@ -105,7 +72,6 @@ __all__ = [
     "PatchResult",
     "check_patch",
     "eval_network",
-    "evaluate_agent_patch",
     "evaluate_patch",
     "extract_patch",
     "patch_paths",
@@ -119,6 +85,23 @@ __all__ = [
 
 
 # ----- fresh evaluation ---------------------------------------------------------------------------------
+# Typical use (the rollout dispatcher, through ``agent_eval.evaluate_agent_patch``)::
+#
+#     got = extract_patch(agent_sandbox, meta["base_commit"])
+#     if got.failure_reason:                       # empty_generation / prohibited_test_modification / ...
+#         reward = 0.0
+#     else:
+#         res = evaluate_patch(provider, meta["sandbox_image"], meta, got.patch)
+#         reward = res.reward                      # 1.0 only when the host-side grade says resolved
+#
+# Infrastructure failures are not grades. ``EvalResult.infra`` is True (and ``error`` says why) when the
+# evaluation could not run: a provider fault (fresh_eval_exception), the provider's deadline passed
+# (fresh_eval_timeout: the in-sandbox ``timeout`` should have ended the script long before), the sandbox or
+# the eval process was killed from outside (sandbox_lost), or the log of a trusted patch (validation's gold
+# and empty) lacks the harness's start marker while the script ended on its own (eval_not_run: it never
+# reached the test command). Callers retry or abort; they never give reward 0 for these (for an agent's
+# patch, see ``agent_eval``). The test command running past its own ``timeout`` (exit 124/137 from the eval
+# script, the sandbox alive) is a grade: ``eval_timeout``, not resolved, as upstream.
 @dataclass
 class EvalResult:
     """The verdict of one fresh evaluation.
@@ -233,6 +216,13 @@ def evaluate_patch(
 ) -> EvalResult:
     """Apply ``patch`` in a fresh sandbox of ``template``, run the official eval script, grade on the host.
 
+    The official eval script's output is piped to the host by the provider (``Sandbox.run_logged``); the
+    exit status is the provider's record of the test command, and the log is graded HERE
+    (``sweflow.harness.grader``). Nothing the tested code prints is read as a verdict: a forged PASSED line
+    meets the cross-checks (exit status vs statuses, contradictory and duplicated status lines). The row's
+    in-sandbox evaluator command (with its reward marker) stays in the training JSONL for other trainers;
+    it trusts the sandbox.
+
     Steps: the patch-integrity check (``check_patch`` with the row's tests and eval script: a refused patch
     never reaches a sandbox); create; ``git reset --hard <base> && git clean -fd``; ``git apply --binary``
     (skipped for an empty patch, which grades the base itself); run the row's eval script through
@@ -247,7 +237,7 @@ def evaluate_patch(
     ``deadline`` is an absolute ``time.monotonic()`` instant (default: now + the evaluator step's timeout
     + 120 s); past it the result is fresh_eval_timeout. The sandbox is always killed. A row without an
     evaluator command raises EvalError (a caller bug, not a rollout outcome). Infrastructure failures
-    come back with ``infra`` True (see the module docstring).
+    come back with ``infra`` True (see the comment above `EvalResult`).
 
     ``canaries`` (default on): for a pytest-family row the host appends canary tests of its own to a test
     file the command runs, just before the test output starts (``sweflow.grading.canary``); a canary with
@@ -316,13 +306,13 @@ def evaluate_patch(
                 base,
                 list(metadata.get("PASS_TO_PASS") or []),
                 test_command,
-                test_patch=canary.test_patch_of(script),
+                test_patch=canary_place.test_patch_of(script),
                 rng=rng,
                 family=family,
                 reserved=_test_names(metadata),
                 fail_to_pass=list(metadata.get("FAIL_TO_PASS") or []),
             )
-            host_script = canary.inject(host_script, planted, start)
+            host_script = canary_place.inject(host_script, planted, start)
             timings["canary_s"] = round(time.monotonic() - tc, 3)
         sb.write_file(HOST_SCRIPT, host_script)
         timings["setup_s"] = round(time.monotonic() - t1, 3)
@@ -399,86 +389,6 @@ def evaluate_patch(
                 log.warning("killing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
             timings["kill_s"] = round(time.monotonic() - t3, 3)
         timings["total_s"] = round(time.monotonic() - t0, 3)
-
-
-def evaluate_agent_patch(
-    provider: Provider,
-    template: str,
-    metadata: dict,
-    patch: str,
-    *,
-    attempts: int = 2,
-    backoff: float = 5.0,
-    network: str | None = None,
-    sleep: Any = time.sleep,
-    **options: Any,
-) -> EvalResult:
-    """``evaluate_patch`` for an agent's (untrusted) patch: infrastructure failures are retried in new
-    sandboxes (``attempts`` in all, ``backoff`` seconds doubling). If every try lost its sandbox or passed
-    the deadline and the patch is not empty, a control sandbox of ``template`` is started and asked to
-    answer: when it does, the provider is healthy and the patch itself defeated its evaluation (code that
-    kills the sandbox, hangs past every timeout): reward 0, patch_defeated_evaluation. When the control
-    fails too, the result stays an infrastructure failure (the sample is aborted, never graded)."""
-    tries: list[EvalResult] = []
-    for i in range(max(1, attempts)):
-        res = evaluate_patch(provider, template, metadata, patch, network=network, **options)
-        if not res.infra:
-            return res
-        tries.append(res)
-        log.warning(
-            "fresh evaluation of %s, try %d/%d: %s (%s)",
-            metadata.get("instance_id"),
-            i + 1,
-            attempts,
-            res.failure_reason,
-            res.error,
-        )
-        if i + 1 < attempts:
-            sleep(backoff * 2**i)
-    defeated = {SANDBOX_LOST, FRESH_EVAL_TIMEOUT}
-    if patch.strip() and all(r.failure_reason in defeated for r in tries):
-        healthy, why = _provider_answers(provider, template, network)
-        if healthy:
-            last = tries[-1]
-            detail = "; ".join(f"try {n + 1}: {r.failure_reason}: {r.error}" for n, r in enumerate(tries))
-            log.warning(
-                "fresh evaluation of %s: the patch defeated it (%s)", metadata.get("instance_id"), detail
-            )
-            return EvalResult(
-                0.0,
-                False,
-                PATCH_DEFEATED_EVALUATION,
-                None,
-                _bounded(f"{detail}\n{last.output_tail}"),
-                last.timings,
-                None,
-                exit_code=last.exit_code,
-                log=last.log,
-            )
-        log.warning("control sandbox of %s failed too (%s): infrastructure", template, why)
-    return tries[-1]
-
-
-def _provider_answers(provider: Provider, template: str, network: str | None) -> tuple[bool, str]:
-    """Whether a new sandbox of ``template`` starts and runs a command (the provider is healthy)."""
-    sb: Sandbox | None = None
-    try:
-        sb = provider.create(
-            template,
-            timeout=300,
-            metadata={"purpose": "control"},
-            **({"network": network} if network is not None else {}),
-        )
-        r = sb.run("echo sweflow-control", timeout=60)
-        return (r.ok and "sweflow-control" in r.stdout), f"exit {r.exit_code}"
-    except Exception as exc:  # noqa: BLE001 - any fault means the provider is not healthy
-        return False, f"{type(exc).__name__}: {exc}"
-    finally:
-        if sb is not None:
-            try:
-                sb.kill()
-            except Exception as exc:  # noqa: BLE001 - a leak is logged, the answer stands
-                log.warning("killing control sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
 
 
 _alive = fresh.alive

@@ -1,19 +1,7 @@
-"""The trusted fresh-sandbox step: what grading (``grading.evaluate``) and SWE-smith's candidate validation
-(``smith.validate``) both do before they run tests on a patch they do not trust.
-
-- ``prepare``: reset the tree to the base commit (``git reset --hard && git clean -fd``), list the untracked
-  files under ignore rules, write the patch and ``git apply --binary`` it; the apply error, or None;
-- ``applied_diff``: what the apply did to the tree, as text, by this sandbox's git with pinned options (no
-  hooks, no drivers, no prefixes the repository's config could change), files the patch hid under ignore
-  rules force-added; a diff over the size cap is never read;
-- ``draw_canaries``: the host's canary tests (``sweflow.grading.canary``) drawn from test files read at the
-  base commit by this sandbox's git (the patch may not touch them), with a test patch applied by the
-  host's git where the run will apply one;
-- ``plant_canaries``: append them to their files now (SWE-smith's runs, which have no eval script to carry
-  them; grading puts them into its host script instead, after the script's own test patch).
-
-Every provider fault raises SandboxError (infrastructure, for the caller to retry or report); nothing here
-reads a verdict from the sandbox.
+"""The trusted fresh-sandbox step that grading (``grading.evaluate``) and SWE-smith's candidate validation
+(``smith.bug_validation``) both take before they run tests on a patch they do not trust: ``prepare`` resets
+the tree and applies the patch, ``applied_diff`` reads back what it did, ``draw_canaries``/``plant_canaries``
+add the host's canaries. A provider fault raises SandboxError; nothing here reads a verdict from the sandbox.
 """
 
 from __future__ import annotations
@@ -26,7 +14,7 @@ from typing import Any
 
 from ..errors import SandboxError
 from ..sandbox.base import Sandbox
-from . import canary
+from . import canary, canary_place, canary_plan
 from .integrity import DEFAULT_RULES, IntegrityRules
 from .patch_integrity import PatchViolation, applied_size_violation
 
@@ -78,7 +66,10 @@ def _must(sb: Sandbox, cmd: str, what: str) -> str:
 
 
 def prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
-    """Reset ``workdir`` to ``base`` and apply ``patch``; the apply error text, or None on success."""
+    """Reset ``workdir`` to ``base`` and apply ``patch``; the apply error text, or None on success.
+
+    ``git reset --hard && git clean -fd``, then the untracked files under ignore rules are listed (for
+    ``applied_diff``), the patch is written and ``git apply --binary``-ed."""
     wd, b = shlex.quote(workdir), shlex.quote(base)
     _must(sb, f"cd {wd} && git reset -q --hard {b} && git clean -fdq", f"resetting {workdir} to {base}")
     if not patch.strip():
@@ -104,7 +95,8 @@ def prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
 def applied_diff(
     sb: Sandbox, workdir: str, base: str, rules: IntegrityRules = DEFAULT_RULES
 ) -> str | PatchViolation:
-    """The applied change as a text diff (every file as text, no drivers) from the fresh sandbox.
+    """The applied change as a text diff (every file as text, no drivers) from the fresh sandbox, by this
+    sandbox's git with pinned options (no hooks, no drivers, no prefixes the repository's config can change).
 
     Files the patch created under ignore rules (a ``.pyc`` in a gitignored ``__pycache__``, or one the
     patch's own ``.gitignore`` hides) are force-added, so the re-check sees every file the apply wrote.
@@ -178,11 +170,11 @@ def draw_canaries(
     cloned), ``test_patch`` applied host-side; placed in the files as the run will find them: a file the
     test patch writes as the host's apply leaves it, any other as the tree holds it now."""
     rng = rng or random.SystemRandom()
-    files = canary.candidate_files(list(passing), test_command, family)
+    files = canary_plan.candidate_files(list(passing), test_command, family)
     rng.shuffle(files)
     twin_files = [
         f
-        for f in canary.candidate_files(list(fail_to_pass), test_command, family)
+        for f in canary_plan.candidate_files(list(fail_to_pass), test_command, family)
         if f not in files[:max_files]
     ]
     wanted = files[: max_files * 2] + twin_files[:4]
@@ -193,8 +185,8 @@ def draw_canaries(
     # below what was read left a run unguarded whenever the shuffle put the one cloneable file past it
     for path, text in read_at_base(sb, workdir, base, wanted).items():
         if text is not None or f"b/{path}" in test_patch:  # (a file the test patch creates too)
-            texts[path] = canary.apply_to(path, text, test_patch)
-    planned = canary.plan_canaries(
+            texts[path] = canary_place.apply_to(path, text, test_patch)
+    planned = canary_plan.plan_canaries(
         texts,
         list(passing),
         rng,
@@ -209,10 +201,11 @@ def draw_canaries(
     current = {p: texts[p] for p in patched} | read_current(
         sb, workdir, [p for p in paths if p not in patched]
     )
-    return canary.place(planned, current, rng)
+    return canary_place.place(planned, current, rng)
 
 
 def plant_canaries(sb: Sandbox, workdir: str, canaries: canary.CanarySet | Sequence[canary.Canary]) -> None:
-    """Plant the canaries in their files in the sandbox's tree now."""
+    """Plant the canaries in their files in the sandbox's tree now (SWE-smith's runs, which have no eval
+    script to carry them; grading puts them into its host script, after the script's own test patch)."""
     if canaries:
-        _must(sb, f"cd {shlex.quote(workdir)} && {canary.injection(canaries)}", "planting the canaries")
+        _must(sb, f"cd {shlex.quote(workdir)} && {canary_place.injection(canaries)}", "planting the canaries")

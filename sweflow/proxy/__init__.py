@@ -1,27 +1,26 @@
 """Token-recording proxy: Anthropic Messages in, chat-template tokens to an engine, samples recorded.
 
-Typical use (in-process):
-
-    from sweflow.proxy import ProxyServer, ProxyConfig, VLLMEngine
-    with ProxyServer(VLLMEngine("http://127.0.0.1:8000", "Qwen/Qwen3.5-4B"), tokenizer) as proxy:
-        admin = {"Authorization": f"Bearer {proxy.admin_token}"}
-        token = requests.post(proxy.url + "/session/create", json={"session_id": "r1"}, headers=admin).json()["token"]
-        # agent: ANTHROPIC_BASE_URL=proxy.url ANTHROPIC_AUTH_TOKEN=<token> claude -p ...
-        samples = requests.post(proxy.url + "/trajectory/read", json={"session_id": "r1"}, headers=admin).json()["samples"]
-
-Or as a process: `python -m sweflow.proxy --help`. torch/transformers load only for TransformersEngine.
+In-process: `with ProxyServer(engine, tokenizer) as proxy:` (a session per agent run through the admin
+endpoints, the agent pointed at `proxy.url`), or as a process: `python -m sweflow.proxy --help`.
+torch/transformers load only for TransformersEngine.
 """
 
+# Typical use (in-process):
+#
+#     from sweflow.proxy import ProxyServer, ProxyConfig, VLLMEngine
+#     with ProxyServer(VLLMEngine("http://127.0.0.1:8000", "Qwen/Qwen3.5-4B"), tokenizer) as proxy:
+#         admin = {"Authorization": f"Bearer {proxy.admin_token}"}
+#         token = requests.post(proxy.url + "/session/create", json={"session_id": "r1"}, headers=admin).json()["token"]
+#         # agent: ANTHROPIC_BASE_URL=proxy.url ANTHROPIC_AUTH_TOKEN=<token> claude -p ...
+#         samples = requests.post(proxy.url + "/trajectory/read", json={"session_id": "r1"}, headers=admin).json()["samples"]
 from sweflow.proxy.engines import (
     Engine,
     EngineError,
     EngineTimeout,
     GenerateResult,
     SamplingParams,
-    ScriptedEngine,
     TransformersEngine,
     VLLMEngine,
-    scripted_logprob,
 )
 from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn, linearize
 from sweflow.proxy.server import ProxyConfig, ProxyServer
@@ -37,7 +36,6 @@ __all__ = [
     "ProxyConfig",
     "ProxyServer",
     "SamplingParams",
-    "ScriptedEngine",
     "SessionRecord",
     "ToolCall",
     "TransformersEngine",
@@ -47,5 +45,4 @@ __all__ = [
     "format_qwen_xml",
     "linearize",
     "parse_tool_calls",
-    "scripted_logprob",
 ]

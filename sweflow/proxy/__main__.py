@@ -1,10 +1,5 @@
 """`python -m sweflow.proxy`: run the token-recording proxy in the foreground.
 
-Examples:
-    python -m sweflow.proxy --tokenizer models/qwen/hf --engine vllm --vllm-url http://127.0.0.1:8000 --model qwen
-    python -m sweflow.proxy --tokenizer /tmp/tiny --engine transformers --model /tmp/tiny
-    python -m sweflow.proxy --tokenizer /tmp/tiny --engine scripted --script turns.json   (a JSON list of texts)
-
 The admin token (every endpoint but Messages and /health needs it): read from --admin-token-file, else
 $SWEFLOW_PROXY_ADMIN_TOKEN; with neither, a random one is generated, which needs --write-admin-token PATH
 (written 0600, also usable to store a given token there). The token is never printed or logged.
@@ -20,13 +15,17 @@ import secrets
 import sys
 
 from sweflow.errors import SweflowError
-from sweflow.proxy.engines import ScriptedEngine, TransformersEngine, VLLMEngine
+from sweflow.proxy.engines import TransformersEngine, VLLMEngine
 from sweflow.proxy.recorder import LinearizeConfig
 from sweflow.proxy.server import ProxyConfig, ProxyServer
 
 ADMIN_TOKEN_ENV = "SWEFLOW_PROXY_ADMIN_TOKEN"
 
 
+# Examples:
+#     python -m sweflow.proxy --tokenizer models/qwen/hf --engine vllm --vllm-url http://127.0.0.1:8000 --model qwen
+#     python -m sweflow.proxy --tokenizer /tmp/tiny --engine transformers --model /tmp/tiny
+#     python -m sweflow.proxy --tokenizer /tmp/tiny --engine scripted --script turns.json   (a JSON list of texts)
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sweflow.proxy", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -126,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.script:
                 raise SweflowError("--script is required with --engine scripted", field="--script")
+            from sweflow.offline.scripted_engine import ScriptedEngine
+
             with open(args.script, encoding="utf-8") as fh:
                 engine = ScriptedEngine(json.load(fh), tokenizer)
         kwargs = {} if args.enable_thinking is None else {"enable_thinking": args.enable_thinking == "true"}

@@ -1,20 +1,8 @@
 """The token-recording proxy: an Anthropic Messages endpoint in front of an Engine.
 
-Authentication. Every admin endpoint (`/session/*`, `/trajectory/read`, `/pause`, `/resume`) needs
-`Authorization: Bearer <admin token>`: `ProxyConfig.admin_token`, or one generated at start
-(`ProxyServer.admin_token`). Sessions are explicit: the rollout dispatcher calls
-`POST /session/create {"session_id": ...}` before the agent starts and gets the session's own random
-`token` back. A Messages request authenticates with `Authorization: Bearer <token>` or
-`x-api-key: <token>` and reaches that session only; a `/sessions/<id>` path prefix must name the same
-session (403 otherwise). No or unknown token -> 401 (a session id is not a token), finalized -> 409.
-
-Limits: a body over `max_body_bytes` -> 413 before it is read; a prompt over `max_prompt_tokens` -> 413
-after bounded work (see sweflow.proxy.tokenize); JSON nested deeper than 64 -> 400.
-
-Threading: one thread per connection (ThreadingHTTPServer); the engine call runs in a worker pool with a
-timeout and holds no proxy-wide lock; tokenisation uses a pool of private tokenizer copies. `POST /pause`
-holds new Messages requests before they reach the engine until `POST /resume`; requests already
-generating finish (pause with {"wait_idle": true} returns once none is in flight).
+`ProxyServer` serves the admin endpoints (sessions, trajectories, pause/resume) and Messages, each session
+behind its own bearer token; prompts are built by `sweflow.proxy.prompting`, generation runs on the engine in
+a worker pool, and every turn is recorded (`sweflow.proxy.recorder`).
 """
 
 from __future__ import annotations
@@ -32,14 +20,17 @@ from typing import Any
 from sweflow.proxy import anthropic as an
 from sweflow.proxy.engines import Engine, EngineTimeout, GenerateResult, SamplingParams
 from sweflow.proxy.handler import HttpError, ProxyHandler, ProxyHTTPServer, check_session_id
+from sweflow.proxy.prompting import PromptBuilding
 from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn
-from sweflow.proxy.tito import MODES, Plan, SuffixError, SuffixRenderer, suffix_template
-from sweflow.proxy.tokenize import PromptTooLong, TokenizerPool
-from sweflow.proxy.toolcalls import THINK_OPEN, parse_tool_calls, split_reasoning
+from sweflow.proxy.tito import MODES, SuffixRenderer, suffix_template
+from sweflow.proxy.tokenize import TokenizerPool
+from sweflow.proxy.toolcalls import parse_tool_calls, split_reasoning
 
 log = logging.getLogger("sweflow.proxy")
 
 
+# Limits: a body over `max_body_bytes` -> 413 before it is read; a prompt over `max_prompt_tokens` -> 413
+# after bounded work (see sweflow.proxy.tokenize); JSON nested deeper than 64 -> 400.
 @dataclass
 class ProxyConfig:
     """Server behaviour. Sampling comes from here unless `honor_request_sampling` (RL needs the trainer's)."""
@@ -84,7 +75,11 @@ def default_stop_ids(tokenizer: Any) -> list[int]:
     return ids
 
 
-class ProxyServer:
+# Threading: one thread per connection (ThreadingHTTPServer); the engine call runs in a worker pool with a
+# timeout and holds no proxy-wide lock; tokenisation uses a pool of private tokenizer copies. `POST /pause`
+# holds new Messages requests before they reach the engine until `POST /resume`; requests already
+# generating finish (pause with {"wait_idle": true} returns once none is in flight).
+class ProxyServer(PromptBuilding):
     """Serve the proxy on host:port (0 = free port) in a background thread: `with ProxyServer(...) as p:`.
 
     The session/trajectory/pause methods are the same operations the HTTP admin endpoints perform.
@@ -168,6 +163,13 @@ class ProxyServer:
         self.stop()
 
     # ------------------------------------------------------------------ auth
+    # Every admin endpoint (`/session/*`, `/trajectory/read`, `/pause`, `/resume`) needs
+    # `Authorization: Bearer <admin token>`: `ProxyConfig.admin_token`, or one generated at start
+    # (`ProxyServer.admin_token`). Sessions are explicit: the rollout dispatcher calls
+    # `POST /session/create {"session_id": ...}` before the agent starts and gets the session's own random
+    # `token` back. A Messages request authenticates with `Authorization: Bearer <token>` or
+    # `x-api-key: <token>` and reaches that session only; a `/sessions/<id>` path prefix must name the same
+    # session (403 otherwise). No or unknown token -> 401 (a session id is not a token), finalized -> 409.
     def is_admin(self, token: str) -> bool:
         return hmac.compare_digest(token.encode(), self.admin_token.encode())
 
@@ -253,77 +255,6 @@ class ProxyServer:
             self._gate.notify_all()
 
     # ------------------------------------------------------------------ messages
-    def _chat(self, req: an.MessagesRequest, session: SessionRecord | None) -> tuple[list[dict], list]:
-        messages = session.restore_tool_inputs(req.messages) if session is not None else req.messages
-        chat = an.to_chat_messages(req.system, messages, midlist_system=self._midlist_role)
-        return chat, an.to_chat_tools(req.tools)
-
-    def _render_text(self, chat: list[dict], tools: list) -> str:
-        kwargs = self.config.chat_template_kwargs
-        return self.tokenizer.apply_chat_template(
-            chat, tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
-        )
-
-    def render_chat(
-        self, req: an.MessagesRequest, session: SessionRecord | None = None
-    ) -> tuple[list[int], list[dict], list]:
-        """Request -> (prompt ids of the whole conversation through the tokenizer's chat template, the chat
-        messages, the chat tools), with the session's own tool calls restored to what the model wrote."""
-        chat, tools = self._chat(req, session)
-        try:
-            text = self._render_text(chat, tools)
-        except Exception as exc:  # jinja raise_exception and friends: the conversation is not renderable
-            # Some templates (Qwen3.5) refuse a system message after the first; Claude Code sends them.
-            if self._midlist_role == "user":
-                raise HttpError(
-                    400, "invalid_request_error", f"chat template rejected the messages: {exc}"
-                ) from exc
-            self._midlist_role = "user"
-            chat, tools = self._chat(req, session)
-            try:
-                text = self._render_text(chat, tools)
-            except Exception:
-                raise HttpError(
-                    400, "invalid_request_error", f"chat template rejected the messages: {exc}"
-                ) from exc
-            log.info("chat template refused mid-list system messages; rendering them as user messages")
-        try:
-            return self._tokenizers.encode(text, self.config.max_prompt_tokens), chat, tools
-        except PromptTooLong as exc:
-            raise HttpError(413, "request_too_large", str(exc)) from None
-
-    def render(self, req: an.MessagesRequest, session: SessionRecord | None = None) -> list[int]:
-        """Request -> prompt token ids of the whole conversation (see `render_chat`)."""
-        return self.render_chat(req, session)[0]
-
-    def build_prompt(
-        self, req: an.MessagesRequest, rec: SessionRecord
-    ) -> tuple[list[int], Plan | None, list[dict], list]:
-        """The prompt ids of one call: token-in/token-out (the lineage's exact ids + the appended messages'
-        suffix) when the request extends one of the session's lineages, else the whole rendered
-        conversation (a new lineage, `plan.reason` says why). Plan None: token_build_mode "render"."""
-        if self._suffix is None:
-            ids, chat, tools = self.render_chat(req, rec)
-            return ids, None, chat, tools
-        chat, tools = self._chat(req, rec)
-        plan = rec.lineages.plan(chat, tools)
-        if plan.lineage is not None:
-            lin = plan.lineage
-            room = self.config.max_prompt_tokens - len(lin)
-            try:
-                ended = self._stop_texts[self.stop_ids.index(lin.last_id())] if lin.ended_with_stop else None
-                text = self._suffix.bridge(self._stop_texts, ended) + self._suffix.suffix(plan.appended)
-                if room <= 0:
-                    raise PromptTooLong(len(lin), self.config.max_prompt_tokens)
-                return lin.extended(self._tokenizers.encode(text, room)), plan, chat, tools
-            except PromptTooLong as exc:
-                raise HttpError(413, "request_too_large", str(exc)) from None
-            except SuffixError as exc:
-                log.info("session %s: %s; the call starts a new lineage", rec.session_id, exc)
-                plan = Plan(None, [], exc.reason)
-        ids, chat, tools = self.render_chat(req, rec)
-        return ids, plan, chat, tools
-
     def count_tokens(self, body: Any, headers: Any = None) -> dict:
         req = an.parse_request(body, require_max_tokens=False)
         if self.passthrough:
@@ -370,16 +301,6 @@ class ProxyServer:
         except Exception as exc:
             log.warning("engine error: %s", exc)
             raise HttpError(502, "api_error", f"engine error: {type(exc).__name__}: {exc}") from exc
-
-    def _opens_thinking(self, prompt_ids: list[int]) -> bool:
-        """Whether the prompt ends inside an open `<think>` block (Qwen3.5's thinking generation prompt)."""
-        return self._tokenizers.decode(prompt_ids[-4:]).rstrip().endswith(THINK_OPEN)
-
-    def decode(self, output_ids: list[int]) -> str:
-        ids = list(output_ids)
-        while ids and ids[-1] in self.stop_ids:
-            ids.pop()
-        return self._tokenizers.decode(ids)
 
     def _forward(self, session_id: str, body: dict, headers: Any) -> dict:
         """Pass-through: the upstream's answer, under the same pause gate and timeout as an engine call."""

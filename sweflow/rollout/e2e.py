@@ -1,26 +1,18 @@
 """The end-to-end check: one sample task, the real agent in a real sandbox, driven by two scripted policies.
 
-A `ScriptedPolicy` plays the model behind the real token-recording proxy: its assistant turns are text in
-the Qwen3-coder tool-call format (what the proxy parses back into tool_use blocks), tokenised by the
-given tokenizer. `gold_policy` reads the files of the task's gold fix, edits them and finishes (expected:
-resolved, reward 1.0); `tamper_policy` applies the same fix but also writes a test file (expected:
-reward 0.0, reason integrity_violation:test_edit). Each runs through `sweflow.rollout.Dispatcher` with the
-fresh-sandbox evaluation, and the recorded samples are checked token by token against what the policy
-produced. Only tasks of the embedded sample have a known gold fix (`sweflow.sample.taskdefs`). The e2e stage
-(`sweflow.stages.e2e`) finds the row, runs `e2e_check` and writes the report.
+Each policy (`sweflow.offline.policies`: the gold fix, expected reward 1.0; the fix plus a test file,
+expected 0.0 with integrity_violation:test_edit) runs behind the real token-recording proxy through the
+`Dispatcher` with the fresh-sandbox evaluation; the recorded samples are checked token by token.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sweflow.errors import DatasetError
-from sweflow.proxy import ProxyConfig, ProxyServer, ScriptedEngine, format_qwen_xml, scripted_logprob
+from sweflow.proxy import ProxyConfig, ProxyServer
 from sweflow.proxy.handler import HttpError
 from sweflow.rollout.clients import HttpProxyClient
 from sweflow.rollout.dispatcher import Dispatcher
@@ -28,86 +20,11 @@ from sweflow.rollout.evaluator import Evaluator
 from sweflow.rollout.types import RolloutConfig, RolloutResult
 from sweflow.sandbox.base import Provider
 
+if TYPE_CHECKING:
+    from sweflow.offline.policies import ScriptedPolicy
+
 log = logging.getLogger("sweflow.e2e")
-SIDE_REPLY = "OK."
-TEST_FILE = "tests/test_sweflow_e2e_probe.py"
 POLICIES = ("gold", "test_edit")
-
-
-@dataclass
-class ScriptedPolicy:
-    """Assistant turns chosen by how many assistant turns the prompt already holds.
-
-    Picking by position (not by call count) keeps a retried request on the same turn. A request whose
-    prompt lists no tools (a side request) gets `SIDE_REPLY`. `produced` records every text returned, in order.
-    """
-
-    name: str
-    turns: list[str]
-    tokenizer: Any
-    produced: list[str] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def __call__(self, prompt_ids: list[int]) -> str:
-        text = self.tokenizer.decode(prompt_ids)
-        if "<tools>" not in text:
-            reply = SIDE_REPLY
-        else:
-            k = max(0, text.count("<|im_start|>assistant") - 1)
-            reply = self.turns[min(k, len(self.turns) - 1)]
-        with self._lock:
-            self.produced.append(reply)
-        return reply
-
-
-def gold_edits(instance_id: str) -> list[tuple[str, str, str]]:
-    """(path, old, new) edits of a sample task's gold fix; DatasetError for a task outside the sample."""
-    from sweflow.sample.taskdefs import TASKS
-
-    for task in TASKS:
-        if task.instance_id == instance_id:
-            edits = [(p, old, new) for p, old, new in task.gold if old is not None]
-            if edits:
-                return edits
-    raise DatasetError(
-        "no scripted gold fix for this task (only the embedded sample's tasks have one)",
-        row=instance_id,
-        field="instance_id",
-    )
-
-
-def gold_turns(edits: Sequence[tuple[str, str, str]], workdir: str) -> list[str]:
-    """Read every file, then edit it (Claude Code's Edit needs a prior Read).
-
-    Written as a model would (no `replace_all`): Claude Code re-sends the Edit with `replace_all: false`
-    added, and the proxy restores the session's own calls, so the turns still fold into one sample.
-    """
-    paths = sorted({p for p, _, _ in edits})
-    turns = [
-        "I will read the code first.\n" + format_qwen_xml("Read", {"file_path": f"{workdir}/{paths[0]}"})
-    ]
-    turns += [format_qwen_xml("Read", {"file_path": f"{workdir}/{p}"}) for p in paths[1:]]
-    turns += [
-        format_qwen_xml(
-            "Edit",
-            {"file_path": f"{workdir}/{p}", "old_string": old, "new_string": new},
-        )
-        for p, old, new in edits
-    ]
-    return turns
-
-
-def gold_policy(instance_id: str, tokenizer: Any, workdir: str = "/testbed") -> ScriptedPolicy:
-    turns = gold_turns(gold_edits(instance_id), workdir) + ["The fix is in place."]
-    return ScriptedPolicy("gold", turns, tokenizer)
-
-
-def tamper_policy(instance_id: str, tokenizer: Any, workdir: str = "/testbed") -> ScriptedPolicy:
-    """The gold fix plus a new test file: the tests would pass, the integrity scan must zero the reward."""
-    probe = "def test_probe():\n    assert True\n"
-    write = format_qwen_xml("Write", {"file_path": f"{workdir}/{TEST_FILE}", "content": probe})
-    turns = gold_turns(gold_edits(instance_id), workdir) + [write, "Done, and I added a test."]
-    return ScriptedPolicy("test_edit", turns, tokenizer)
 
 
 def token_checks(result: RolloutResult, policy: ScriptedPolicy, tokenizer: Any, stop_text: str) -> dict:
@@ -119,6 +36,8 @@ def token_checks(result: RolloutResult, policy: ScriptedPolicy, tokenizer: Any, 
     - logprobs: every masked-in token carries the ScriptedEngine's logprob for its id and position,
       every masked-out token 0.0.
     """
+    from sweflow.offline.scripted_engine import scripted_logprob
+
     spans: list[list[tuple[int, float]]] = []
     lengths_ok = True
     masked_lp_ok = True
@@ -181,6 +100,8 @@ def run_policy(
 
     `proxy_config` defaults to ProxyConfig(max_new_tokens=4096). `turns_out` receives the proxy's recorded
     turns of the session (with request/response when `proxy_config.record_messages` is set)."""
+    from sweflow.offline.scripted_engine import ScriptedEngine
+
     engine = ScriptedEngine(policy, tokenizer)
     pcfg = proxy_config or ProxyConfig(max_new_tokens=4096)
     with ProxyServer(engine, tokenizer, pcfg, host="127.0.0.1", port=0) as proxy:
@@ -253,6 +174,8 @@ def e2e_check(
 ) -> dict[str, Any]:
     """Run the scripted policies on one training row; {instance_id, template, provider, ok, policies}.
     `network` is the ``sandbox.network`` section for the fresh evaluations."""
+    from sweflow.offline.policies import gold_policy, tamper_policy
+
     meta = row.get("metadata") or {}
     instance_id = str(meta.get("instance_id"))
     workdir = str(

@@ -1,7 +1,8 @@
 """The fresh-sandbox evaluation as the dispatcher sees it: extract the agent's patch, grade it elsewhere.
 
-`Evaluator` is the Protocol; `FreshEvaluator` delegates to `sweflow.grading.evaluate` (extract_patch /
-evaluate_agent_patch: infrastructure failures retried, a patch that defeats its own evaluation graded 0). Unit tests pass their own evaluator; everything else should use FreshEvaluator.
+`Evaluator` is the Protocol; `FreshEvaluator` delegates to `sweflow.grading` (`evaluate.extract_patch`,
+`agent_eval.evaluate_agent_patch`: infrastructure failures retried, a patch that defeats its own evaluation
+graded 0). Unit tests pass their own evaluator; everything else should use FreshEvaluator.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class FreshEvaluator:
         return extract_patch(sb, base_commit, **({"rules": rules} if rules is not None else {}))
 
     def evaluate_patch(self, provider: Provider, template: str, metadata: dict[str, Any], patch: str) -> Any:
-        from sweflow.grading.evaluate import eval_network, evaluate_agent_patch
+        from sweflow.grading.agent_eval import evaluate_agent_patch
+        from sweflow.grading.evaluate import eval_network
 
         net = eval_network(self.network, str(metadata.get("repo") or ""))
         return evaluate_agent_patch(provider, template, metadata, patch, network=net, **self.options)

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..dataset.images import image_key
+from ..dataset.image_names import image_key
 from ..smith.candidates import FIRST_STRATEGIES as SMITH_FIRST_STRATEGIES  # noqa: F401 - for rules/smith.smk
 
 

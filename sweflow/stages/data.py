@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dataset.hub_client import copy_offline, download_file, hub_endpoint_env, is_sha, resolve_revision
-from ..dataset.images import ImageNaming, group_by_image
+from ..dataset.image_names import ImageNaming, group_by_image
 from ..dataset.splits import apply_limit, load_split
 from ..errors import ConfigError, DatasetError
 from ..rulekit import from_snakemake
@@ -45,7 +45,7 @@ def hub_endpoint(
     if endpoint != "local":
         yield endpoint
         return
-    from ..dataset import local_hub
+    from ..offline import local_hub
 
     local_hub.publish_sample(store_root)
     for repo_id in models:

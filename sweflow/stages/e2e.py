@@ -46,7 +46,7 @@ def load_tokenizer(path: str | os.PathLike | None) -> Any:
     no download) whose chat template speaks the Qwen3-coder tool-call format."""
     from transformers import AutoTokenizer
 
-    from ..proxy.tiny import tiny_tokenizer_path
+    from ..offline.tiny_model import tiny_tokenizer_path
 
     return AutoTokenizer.from_pretrained(str(path or tiny_tokenizer_path()))
 

@@ -1,13 +1,8 @@
 """The SFT stage (rules/sft.smk) as plain functions: expert trajectories -> fresh-sandbox grading -> chat
-messages -> supervised fine-tuning (SWE-smith's recipe).
-
-- `collect_trajectories_step`: k attempts per valid task of one shard with the real agent; its model calls go
-  through the proxy's pass-through mode to the `sft.collect.expert` endpoint (the real API for users, the
-  scripted expert offline). The key is read from the environment by name and never written anywhere.
-- `evaluate_predictions_step`: every attempt's patch in a fresh sandbox; kept = resolved and integrity-clean.
-- `traj_to_messages_step`: the kept trajectories (plus published SWE-agent `.traj` files, when configured) as
-  tool-call chat JSONL and SWE-smith's text form, and a summary whose counts add up.
-- `train_sft_step`: TRL's SFTTrainer on one of the two forms (sweflow.train.sft).
+messages -> supervised fine-tuning (SWE-smith's recipe): `collect_trajectories_step` (the real agent, its model
+calls passed through the proxy to `sft.collect.expert`; the key is read from the environment by name and never
+written), `evaluate_predictions_step` (kept = resolved and integrity-clean), `traj_to_messages_step` (tool-call
+chat JSONL and SWE-smith's text form) and `train_sft_step` (TRL's SFTTrainer, sweflow.train.sft).
 """
 
 from __future__ import annotations
@@ -76,7 +71,7 @@ def expert_upstream(
     if expert.get("endpoint") != "scripted":
         yield upstream_from_settings(expert)
         return
-    from ..trajectories.expert import DEFAULT_PLAN, base_url, scripted_expert
+    from ..offline.expert import DEFAULT_PLAN, base_url, scripted_expert
     from .validate import gold_patches
 
     patches: dict[str, str] = {}
@@ -102,6 +97,10 @@ def _with_backend(rows: Sequence[dict[str, Any]], overrides: Mapping[str, Any]) 
     return out
 
 
+# `collect_trajectories_step`: k attempts per valid task of one shard with the real agent; its model calls go
+# through the proxy's pass-through mode to the `sft.collect.expert` endpoint (the real API for users, the
+# scripted expert offline). `traj_to_messages_step`: the kept trajectories (plus published SWE-agent `.traj`
+# files, when configured) as tool-call chat JSONL and SWE-smith's text form, and a summary whose counts add up.
 def collect_trajectories_step(
     jsonl_files: Sequence[str | os.PathLike],
     parquets: Sequence[tuple[str, str | os.PathLike]],
@@ -223,7 +222,7 @@ def traj_to_messages_step(
     """The kept trajectories in both chat forms, and a summary: attempts collected, completed, graded,
     resolved, kept and dropped by reason (the counts add up), the ids trained on and the system prompts."""
     from ..smith.candidates import read_jsonl
-    from ..trajectories.claude_code import read_claude_code, tool_call_row
+    from ..trajectories.claude_transcripts import read_claude_code, tool_call_row
     from ..trajectories.text_form import text_row
 
     verdicts: dict[str, dict[str, Any]] = {}

@@ -62,8 +62,8 @@ def repo_env_step(
     """The repository as a bare repository at its resolved commit, its environment template, and the
     reference run (the whole suite `runs` times). A reference that fails, times out or has no test is
     reported (`ok: false`), and every later step skips the repository; an infrastructure fault raises."""
+    from ..smith.bug_validation import reference_run, reference_verdict
     from ..smith.env import build_environment, materialize_source
-    from ..smith.validate import reference_run, reference_verdict
 
     src = materialize_source(profile, bare_out)
     data: dict[str, Any] = {"profile": profile.to_dict(), **src, "provider": provider}
@@ -117,7 +117,7 @@ def lm_endpoint(cfg: Mapping[str, Any]) -> Iterator[Any]:
     if cfg.get("endpoint") != "scripted":
         yield lm_settings(cfg)
         return
-    from ..smith.scripted_lm import ScriptedLM, offline_responder
+    from ..offline.scripted_lm import ScriptedLM, offline_responder
 
     with ScriptedLM(offline_responder) as server:
         yield lm_settings({**cfg, "endpoint": server.url})
@@ -218,7 +218,7 @@ def validate_candidates_step(
     parallel: int = 1,
 ) -> dict[str, int]:
     """A report line per candidate of one shard (same order), validated `parallel` at a time."""
-    from ..smith.validate import validate_candidate
+    from ..smith.bug_validation import validate_candidate
 
     env = read_json(env_file)
     cands = read_candidates(candidates_file)

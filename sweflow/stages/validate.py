@@ -2,7 +2,7 @@
 
 ``write_task_inputs`` (checkpoint: one byte-stable file per task = the JSONL row's metadata plus the gold
 patch from the split parquet), ``validate_task_file`` (one task, in fresh sandboxes: the verdicts are
-``sweflow.grading.validation``'s; every evaluation's whole log and status map go gzip-compressed next to
+``sweflow.grading.task_validation``'s; every evaluation's whole log and status map go gzip-compressed next to
 the verdict, ``sweflow.grading.evaluate.write_evidence``), ``summarize`` (report + ``tasks.valid.jsonl``;
 broken tasks are listed with their reason, never silently dropped; ``error`` tasks are retried next run).
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import DatasetError, ProvenanceError
 from ..grading.evaluate import EvalResult, eval_network, evaluate_patch, write_evidence
-from ..grading.validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, VERDICTS, validate_task
+from ..grading.task_validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, VERDICTS, validate_task
 from ..rulekit import from_snakemake
 from ..sandbox.base import Provider
 from ..sandbox.registry import provider_from_config

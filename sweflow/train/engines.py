@@ -119,6 +119,7 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
     import pandas as pd
 
     from . import verl_engine as ve
+    from . import verl_metrics
 
     data = pd.DataFrame(
         [
@@ -187,7 +188,7 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
             file=str(launcher),
             hint=f"see {work / 'logs'}",
         )
-    steps = ve.convert_verl_log(
+    steps = verl_metrics.convert_verl_log(
         work / "logs" / "verl_metrics", work / "metrics.jsonl", rollout_dir=work / "rollout-log"
     )
     _verl_rollout_files(work)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sweflow.proxy.engines import ScriptedEngine
+from sweflow.offline.scripted_engine import ScriptedEngine
 from sweflow.proxy.server import ProxyConfig, ProxyServer
 
 # Without a root conftest, pytest's default import mode puts only this folder on sys.path.

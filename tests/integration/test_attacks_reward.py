@@ -14,7 +14,8 @@ import textwrap
 
 import pytest
 
-from sweflow.grading.evaluate import evaluate_agent_patch, evaluate_patch
+from sweflow.grading.agent_eval import evaluate_agent_patch
+from sweflow.grading.evaluate import evaluate_patch
 from sweflow.grading.integrity import IntegrityRules
 from sweflow.sample import load_task
 

@@ -203,9 +203,11 @@ def test_without_twins_of_the_fail_to_pass_tests_the_twin_aware_forger_would_be_
     only the near-twins of the FAIL_TO_PASS tests keep it from being paid."""
     import functools
 
-    from sweflow.grading import canary
+    from sweflow.grading import canary_plan
 
-    monkeypatch.setattr(canary, "plan_canaries", functools.partial(canary.plan_canaries, twins=twins))
+    monkeypatch.setattr(
+        canary_plan, "plan_canaries", functools.partial(canary_plan.plan_canaries, twins=twins)
+    )
     res = _evaluate(env, task, _init_with(env, task, NOOP_NEW_WITHOUT_TWIN), rules=NO_TAMPER_SCAN)
     assert res.canaries and any(c["of"] == "f2p" for c in res.canaries) == (twins > 0)
     if twins:  # each FAIL_TO_PASS test has a twin now, so the forger runs it honestly: it fails
@@ -244,7 +246,7 @@ def test_files_the_patch_hides_under_ignore_rules_are_re_checked(env, task):
 @pytest.mark.parametrize("name", ["runtest_noop", "collect_print_exit"])
 def test_validate_tasks_refuses_a_gold_patch_that_owns_the_runner(env, task, name):
     """A dataset row whose "gold" patch only forges the run was `valid` before the canaries."""
-    from sweflow.grading.validation import validate_task
+    from sweflow.grading.task_validation import validate_task
 
     rec = validate_task(env.provider, env.meta(task), _init_with(env, task, ATTACKS[name]), repeats=1)
     assert rec["verdict"] == "gold_fails", rec

@@ -234,7 +234,8 @@ def attack_row(request, task, tmp_path_factory):
 
 
 def _play(attack_row, tokenizer, name, turns):
-    from sweflow.rollout.e2e import ScriptedPolicy, run_policy
+    from sweflow.offline.policies import ScriptedPolicy
+    from sweflow.rollout.e2e import run_policy
     from sweflow.rollout.types import RolloutConfig
 
     provider, row = attack_row
@@ -278,8 +279,8 @@ def test_an_agent_that_breaks_patch_extraction_gets_0_not_an_abort(
     task, tokenizer, attack_row, command, reward, reason
 ):
     """Issue 25: a failure caused from inside the agent's sandbox is the agent's (it was `aborted`)."""
+    from sweflow.offline.policies import gold_edits, gold_turns
     from sweflow.proxy import format_qwen_xml
-    from sweflow.rollout.e2e import gold_edits, gold_turns
 
     provider, row = attack_row
     row = {**row, "metadata": {**row["metadata"]}}

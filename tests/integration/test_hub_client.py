@@ -10,7 +10,8 @@ import sys
 import httpx
 import pytest
 
-from sweflow.dataset.local_hub import HubStore, publish_sample, serve
+from sweflow.offline.hub_store import HubStore
+from sweflow.offline.local_hub import publish_sample, serve
 
 hf = pytest.importorskip("huggingface_hub")
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download  # noqa: E402

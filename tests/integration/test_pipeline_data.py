@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweflow.dataset.local_hub import HubStore, publish_sample, serve
+from sweflow.offline.hub_store import HubStore
+from sweflow.offline.local_hub import publish_sample, serve
 from sweflow.sample import skyrl_rows, write_parquet
 
 pytestmark = pytest.mark.integration

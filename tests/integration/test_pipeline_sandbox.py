@@ -11,7 +11,8 @@ import pytest
 import yaml
 from test_pipeline_data import snakemake
 
-from sweflow.dataset.local_hub import HubStore, publish_sample, serve
+from sweflow.offline.hub_store import HubStore
+from sweflow.offline.local_hub import publish_sample, serve
 from sweflow.sample import skyrl_rows, write_parquet
 
 pytestmark = pytest.mark.integration

@@ -88,7 +88,7 @@ def test_expert_attempts_are_graded_and_only_the_clean_resolved_one_is_kept(task
                                        shard=0, collect=collect, provider="local", cfg=cfg)  # fmt: skip
     assert counts == {"tasks": 1, "attempts": 3, "completed": 3}, counts
     from sweflow.grading.evidence import read_evidence
-    from sweflow.trajectories.expert import behaviour_for
+    from sweflow.offline.expert import behaviour_for
 
     records = read_evidence(preds)
     plan = collect["expert"]["plan"]

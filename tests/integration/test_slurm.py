@@ -452,8 +452,8 @@ def test_train_sft_is_one_two_node_job_training_data_parallel(slurm_cluster, tmp
     and the tiny model, put where the rule reads them (only train_sft may run)."""
     import gzip
 
-    from sweflow.proxy.tiny import build_tiny_model
-    from sweflow.trajectories.claude_code import read_claude_code, tool_call_row
+    from sweflow.offline.tiny_model import build_tiny_model
+    from sweflow.trajectories.claude_transcripts import read_claude_code, tool_call_row
 
     work = tmp_path / "work"
     pred = json.loads(gzip.decompress((ROOT / "tests/fixtures/trajectories/claude_code_prediction.json.gz")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from sweflow.smith.bug_validation import reference_run, reference_verdict, validate_candidate
 from sweflow.smith.candidates import make_candidate
 from sweflow.smith.env import build_environment, materialize_source
 from sweflow.smith.gitrepo import checkout, file_patch, run_git
 from sweflow.smith.profile import load_profile
-from sweflow.smith.validate import reference_run, reference_verdict, validate_candidate
 
 try:
     from tests.integration.conftest_validation import bwrap_available, metadata_for, sample_harness
@@ -185,7 +185,7 @@ def test_infrastructure_failure_is_an_error_not_a_verdict(env):
 def test_gathered_tasks_are_valid_swebench_rows(env, tmp_path):
     """Gather two kept bugs; the rows pass the data stage's split validation; in fresh sandboxes of each
     task's own commit the fix resolves and the empty patch does not; no task repository holds the fix."""
-    from sweflow.grading.validation import validate_task
+    from sweflow.grading.task_validation import validate_task
     from sweflow.sample import write_parquet
     from sweflow.sandbox.spec import TemplateSpec
     from sweflow.smith.gather import ROW_COLUMNS, gather, task_repository

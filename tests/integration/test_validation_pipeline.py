@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweflow.dataset.local_hub import HubStore, publish_sample, serve
+from sweflow.offline.hub_store import HubStore
+from sweflow.offline.local_hub import publish_sample, serve
 from sweflow.sample import SPLITS, load_task
 
 try:

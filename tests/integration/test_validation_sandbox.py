@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from sweflow.grading.validation import validate_task
+from sweflow.grading.task_validation import validate_task
 from sweflow.sample import load_task
 
 try:  # the fixture module is imported explicitly (no shared conftest)

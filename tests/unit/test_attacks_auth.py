@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from sweflow.blackbox import BlackboxServer
-from sweflow.proxy import ProxyConfig, ProxyServer, ScriptedEngine
+from sweflow.offline.scripted_engine import ScriptedEngine
+from sweflow.proxy import ProxyConfig, ProxyServer
 from sweflow.proxy import __main__ as proxy_cli
 from sweflow.rollout import BlackboxClient, HttpStatusError
 

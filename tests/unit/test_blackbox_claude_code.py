@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweflow.blackbox.claude_code import (
+from sweflow.blackbox.claude_code import prepare_home
+from sweflow.blackbox.claude_options import (
     OPTION_NAMES,
     ClaudeCodeOptions,
     OptionError,
     build_argv,
     build_env,
-    prepare_home,
 )
 from sweflow.blackbox.stream import event_outputs, parse_line
 
@@ -92,9 +92,9 @@ def test_recipe_options_reach_argv_env_and_settings(tmp_path):
 
 @pytest.mark.parametrize("threshold", [57_536, 20_000, 67_000, 150_000])
 def test_compact_at_tokens_places_the_clis_threshold(tmp_path, threshold):
-    """The CLI's measured rule (claude_code.COMPACT_*): window raised to 100,000, 20,000 kept for the
+    """The CLI's measured rule (claude_options.COMPACT_*): window raised to 100,000, 20,000 kept for the
     response, 13,000 of summary buffer, a percentage override below that; the variables put it there."""
-    from sweflow.blackbox.claude_code import (
+    from sweflow.blackbox.claude_options import (
         COMPACT_MIN_WINDOW,
         COMPACT_RESPONSE_RESERVE,
         COMPACT_SUMMARY_BUFFER,

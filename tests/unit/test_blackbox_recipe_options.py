@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sweflow.blackbox.claude_code import ClaudeCodeOptions, build_argv, build_env
+from sweflow.blackbox.claude_options import ClaudeCodeOptions, build_argv, build_env
 from sweflow.config import load_config
 from sweflow.dataset.convert import convert_instance
 from sweflow.errors import ConfigError

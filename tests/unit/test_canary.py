@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from swebench.harness.test_spec.test_spec import make_test_spec
 
-from sweflow.grading import canary
+from sweflow.grading import canary, canary_place, canary_plan
 from sweflow.harness import driver
 from sweflow.sample import load_task
 from sweflow.sample.repo import clone_at, materialize_repo
@@ -54,7 +54,7 @@ def test_canaries_from_a_real_test_file_fail_and_pass_as_planned(repo):
     dest, task = repo
     path = "tests/test_tokenizer.py"
     text = (dest / path).read_text()
-    got = canary.plan_canaries({path: text}, task["PASS_TO_PASS"], random.Random(7))
+    got = canary_plan.plan_canaries({path: text}, task["PASS_TO_PASS"], random.Random(7))
     kinds = sorted(c.expect for c in got)
     assert kinds == ["fail", "fail", "pass"], got
     existing = {ln.split("(")[0][4:] for ln in text.splitlines() if ln.startswith("def ")}
@@ -80,7 +80,8 @@ def test_names_and_bodies_differ_per_draw(repo):
     path = "tests/test_tokenizer.py"
     text = (dest / path).read_text()
     draws = {
-        tuple(c.name for c in canary.plan_canaries({path: text}, task["PASS_TO_PASS"])) for _ in range(20)
+        tuple(c.name for c in canary_plan.plan_canaries({path: text}, task["PASS_TO_PASS"]))
+        for _ in range(20)
     }
     assert len(draws) >= 10
 
@@ -118,7 +119,7 @@ def test_a_must_fail_clone_differs_from_its_original_in_values_only(repo, negate
             if isinstance(n, ast.FunctionDef)
         }
         for seed in range(40):
-            for c in canary.plan_canaries(
+            for c in canary_plan.plan_canaries(
                 {path: text}, p2p, random.Random(seed), must_pass=0, negate=negate, twins=0
             ):
                 assert _shape(c.source) == _shape(originals[c.cloned_from]), (path, seed, c.source)
@@ -142,9 +143,9 @@ def test_a_forger_is_named_and_a_clean_run_is_not():
 
 def test_files_without_plain_pass_to_pass_tests_carry_none():
     text = "import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_p(x):\n    assert x == 1\n\n\nclass TestK:\n    @pytest.mark.slow\n    def test_m(self):\n        assert 1 == 1\n"
-    assert canary.plan_canaries({"t.py": text}, ["t.py::test_p[1]", "t.py::TestK::test_m"]) == []
+    assert canary_plan.plan_canaries({"t.py": text}, ["t.py::test_p[1]", "t.py::TestK::test_m"]) == []
     # a plain test without an `assert a == b` gives no must-fail canary, so none at all
-    assert canary.plan_canaries({"t.py": "def test_q():\n    assert True\n"}, ["t.py::test_q"]) == []
+    assert canary_plan.plan_canaries({"t.py": "def test_q():\n    assert True\n"}, ["t.py::test_q"]) == []
 
 
 def test_the_script_gets_canaries_after_the_test_patch_and_before_the_tests(repo):
@@ -158,14 +159,14 @@ def test_the_script_gets_canaries_after_the_test_patch_and_before_the_tests(repo
         "created_at": "",
     }
     script = make_test_spec(inst).eval_script
-    assert canary.test_patch_of(script).strip() == task["test_patch"].strip()
-    assert canary.candidate_files(task["PASS_TO_PASS"], driver.test_section(script, START, END)) == [
+    assert canary_place.test_patch_of(script).strip() == task["test_patch"].strip()
+    assert canary_plan.candidate_files(task["PASS_TO_PASS"], driver.test_section(script, START, END)) == [
         "tests/test_tokenizer.py"
     ]
     c = [
         canary.Canary("tests/test_tokenizer.py", "test_z", "fail", "def test_z():\n    assert 1 == 2\n", "q")
     ]
-    out = canary.inject(script, c, START).split("\n")
+    out = canary_place.inject(script, c, START).split("\n")
     at = next(i for i, ln in enumerate(out) if ln.startswith("cat >> tests/test_tokenizer.py <<'EOF_"))
     assert at < next(i for i, ln in enumerate(out) if START in ln)
     assert at > max(i for i, ln in enumerate(out) if ln.startswith("EOF_114329324912"))
@@ -177,8 +178,8 @@ def test_apply_to_reads_the_file_as_the_test_patch_leaves_it(repo):
     base = subprocess.run(
         ["git", "show", f"{task['base_commit']}:{path}"], cwd=dest, capture_output=True, text=True, check=True
     ).stdout
-    assert canary.apply_to(path, base, task["test_patch"]) == (dest / path).read_text()
-    assert canary.apply_to("tests/other.py", "x = 1\n", task["test_patch"]) == "x = 1\n"
+    assert canary_place.apply_to(path, base, task["test_patch"]) == (dest / path).read_text()
+    assert canary_place.apply_to("tests/other.py", "x = 1\n", task["test_patch"]) == "x = 1\n"
 
 
 def _upstream_logs():
@@ -214,14 +215,14 @@ def test_near_twins_of_fail_to_pass_tests_fail_without_the_fix_and_with_it(repo)
     dest, task = repo
     path = "tests/test_tokenizer.py"
     text = (dest / path).read_text()
-    got = canary.plan_canaries(
+    got = canary_plan.plan_canaries(
         {path: text}, task["PASS_TO_PASS"], random.Random(5), fail_to_pass=task["FAIL_TO_PASS"]
     )
     twins = [c for c in got if c.of == canary.F2P]
     assert twins and all(c.expect == "fail" for c in twins), got
     assert {c.cloned_from for c in twins} <= {t.split("::")[1] for t in task["FAIL_TO_PASS"]}
     assert not any("!=" in c.source for c in twins)  # the opposite check would pass unfixed
-    placed = canary.place(got, {path: text}, random.Random(5))
+    placed = canary_place.place(got, {path: text}, random.Random(5))
     (dest / path).write_text(placed.writes[path])
     try:
         unfixed = _pytest(dest, path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sweflow.grading import canary
+from sweflow.grading import canary, canary_place, canary_plan
 from sweflow.harness import driver
 
 RUNNERS = Path(__file__).resolve().parents[1] / "fixtures" / "runners"
@@ -85,10 +85,10 @@ def _harness_parser(name: str):
 def test_method_canaries_go_into_their_class_and_run_as_planned(tmp_path, seed):
     rel = "tests/test_k.py"
     (tmp_path / "tests").mkdir()
-    got = canary.plan_canaries({rel: CLASS_FILE}, CLASS_P2P, random.Random(seed))
+    got = canary_plan.plan_canaries({rel: CLASS_FILE}, CLASS_P2P, random.Random(seed))
     assert sorted(c.expect for c in got) == ["fail", "fail", "pass"], got
     assert all(c.cls in ("TestDoubling", "DoublingCase") for c in got)
-    placed = canary.place(got, {rel: CLASS_FILE})
+    placed = canary_place.place(got, {rel: CLASS_FILE})
     assert len(placed) == 3 and set(placed.writes) == {rel}
     (tmp_path / rel).write_text(placed.writes[rel])
     statuses = _pytest(tmp_path, rel)
@@ -98,7 +98,7 @@ def test_method_canaries_go_into_their_class_and_run_as_planned(tmp_path, seed):
     assert canary.without(statuses, placed) == {t: "PASSED" for t in CLASS_P2P}
     # the shell lines the evaluation runs write exactly that text, whatever bytes it holds
     (tmp_path / rel).write_text(CLASS_FILE)
-    subprocess.run(["bash", "-c", canary.injection(placed)], cwd=tmp_path, check=True)
+    subprocess.run(["bash", "-c", canary_place.injection(placed)], cwd=tmp_path, check=True)
     assert (tmp_path / rel).read_text() == placed.writes[rel]
 
 
@@ -113,7 +113,7 @@ def test_a_check_gets_another_constant_and_the_opposite_only_where_no_constant_c
     p2p = CLASS_P2P[3:] + ["tests/test_k.py::PairCase::test_pair", "tests/test_k.py::PairCase::test_flat"]
     seen = {}
     for seed in range(40):
-        for c in canary.plan_canaries({"tests/test_k.py": text}, p2p, random.Random(seed), must_pass=0):
+        for c in canary_plan.plan_canaries({"tests/test_k.py": text}, p2p, random.Random(seed), must_pass=0):
             assert c.source.count("self.assert") + c.source.count("assert ") >= 1
             seen.setdefault(c.cloned_from, set()).add(
                 "negated" if ("assertNotEqual" in c.source or "!=" in c.source) else "constant"
@@ -126,16 +126,16 @@ def test_a_check_gets_another_constant_and_the_opposite_only_where_no_constant_c
     }, seen
     # SWE-smith's bug runs (negate=False): never the opposite check, so no canary from the pair case
     for seed in range(20):
-        got = canary.plan_canaries({"tests/test_k.py": text}, p2p, random.Random(seed), negate=False)
+        got = canary_plan.plan_canaries({"tests/test_k.py": text}, p2p, random.Random(seed), negate=False)
         assert got and not any("assertNotEqual" in c.source or "!=" in c.source for c in got)
 
 
 def test_a_canary_whose_class_is_gone_renamed_or_reindented_is_dropped():
-    got = canary.plan_canaries(
+    got = canary_plan.plan_canaries(
         {"t.py": CLASS_FILE}, [t.replace("tests/test_k.py", "t.py") for t in CLASS_P2P]
     )
     assert (
-        canary.place(
+        canary_place.place(
             got,
             {
                 "t.py": CLASS_FILE.replace("class TestDoubling", "class Other").replace(
@@ -146,13 +146,13 @@ def test_a_canary_whose_class_is_gone_renamed_or_reindented_is_dropped():
         == canary.CanarySet()
     )
     reindented = CLASS_FILE.replace("\n    ", "\n  ")
-    assert not canary.place(got, {"t.py": reindented})
-    assert not canary.place(got, {"t.py": "def broken(:\n"})
+    assert not canary_place.place(got, {"t.py": reindented})
+    assert not canary_place.place(got, {"t.py": "def broken(:\n"})
     # a file whose text is not known (gone from the tree) carries none
     flat = "def test_a():\n    assert 1 + 1 == 2\n"
-    mod = canary.plan_canaries({"f.py": flat}, ["f.py::test_a"], must_pass=0)
-    assert mod and canary.place(mod, {}) == canary.CanarySet()
-    assert canary.place(mod, {"f.py": flat}).writes["f.py"].startswith(flat)
+    mod = canary_plan.plan_canaries({"f.py": flat}, ["f.py::test_a"], must_pass=0)
+    assert mod and canary_place.place(mod, {}) == canary.CanarySet()
+    assert canary_place.place(mod, {"f.py": flat}).writes["f.py"].startswith(flat)
 
 
 def test_canaries_sit_among_their_siblings_not_always_last():
@@ -161,7 +161,9 @@ def test_canaries_sit_among_their_siblings_not_always_last():
     where = set()
     for seed in range(30):
         rng = random.Random(seed)
-        placed = canary.place(canary.plan_canaries({rel: CLASS_FILE}, CLASS_P2P, rng), {rel: CLASS_FILE}, rng)
+        placed = canary_place.place(
+            canary_plan.plan_canaries({rel: CLASS_FILE}, CLASS_P2P, rng), {rel: CLASS_FILE}, rng
+        )
         tree = ast.parse(placed.writes[rel])
         for c in placed:
             body = next(n for n in tree.body if getattr(n, "name", "") == c.cls).body
@@ -172,7 +174,9 @@ def test_canaries_sit_among_their_siblings_not_always_last():
 
 def test_a_class_another_class_derives_from_carries_none():
     text = CLASS_FILE + "\n\nclass TestMore(TestDoubling):\n    pass\n"
-    got = canary.plan_canaries({"t.py": text}, [t.replace("tests/test_k.py", "t.py") for t in CLASS_P2P[:3]])
+    got = canary_plan.plan_canaries(
+        {"t.py": text}, [t.replace("tests/test_k.py", "t.py") for t in CLASS_P2P[:3]]
+    )
     assert got == []
 
 
@@ -210,15 +214,15 @@ def test_django_family_canaries_run_under_unittest_and_the_harness_parser(tmp_pa
     rel = "tests/arith/tests.py"
     p2p = _django_ids(["test_sum_of_two", "test_join_words", "test_length_of_list"], long_ids)
     p2p.append("A docstring: unittest prints it, the harness keys the test by it.")
-    assert canary.candidate_files(p2p, "", canary.DJANGO) == ["arith/tests.py", rel]
-    got = canary.plan_canaries(
+    assert canary_plan.candidate_files(p2p, "", canary.DJANGO) == ["arith/tests.py", rel]
+    got = canary_plan.plan_canaries(
         {rel: DJANGO_FILE, "arith/tests.py": None}, p2p, random.Random(3), family=canary.DJANGO
     )
     assert sorted(c.expect for c in got) == ["fail", "fail", "pass"] and {c.module for c in got} == {
         "arith.tests"
     }
     assert all(c.cloned_from != "test_documented" for c in got)  # keyed by its docstring: not clonable
-    placed = canary.place(got, {rel: DJANGO_FILE})
+    placed = canary_place.place(got, {rel: DJANGO_FILE})
     assert len(placed) == 3
     (tmp_path / rel).write_text(placed.writes[rel])
     run = subprocess.run(
@@ -259,10 +263,10 @@ def test_sympy_family_canaries_run_under_bin_test_output_and_the_harness_parser(
     rel = "pkg/tests/test_small.py"
     cmd = f"bin/test -C --verbose {rel}"
     p2p = ["test_add_small", "test_upper", "test_len"]
-    assert canary.candidate_files(p2p, cmd, canary.SYMPY) == [rel]
+    assert canary_plan.candidate_files(p2p, cmd, canary.SYMPY) == [rel]
     reserved = ["test_add_small_len"]  # another file's test of the same run: no canary may take its name
     for seed in range(10):
-        got = canary.plan_canaries(
+        got = canary_plan.plan_canaries(
             {rel: SYMPY_FILE},
             p2p,
             random.Random(seed),
@@ -272,10 +276,10 @@ def test_sympy_family_canaries_run_under_bin_test_output_and_the_harness_parser(
         )
         assert sorted(c.expect for c in got) == ["fail", "fail", "pass"]
         assert not {c.name for c in got} & set(reserved)
-    placed = canary.place(got, {rel: SYMPY_FILE})
+    placed = canary_place.place(got, {rel: SYMPY_FILE})
     assert len(placed) == 3
     (tmp_path / rel).write_text(SYMPY_FILE)
-    subprocess.run(["bash", "-c", canary.injection(placed)], cwd=tmp_path, check=True)
+    subprocess.run(["bash", "-c", canary_place.injection(placed)], cwd=tmp_path, check=True)
     run = subprocess.run(
         [sys.executable, "bin/test", "-C", "--verbose", rel], cwd=tmp_path, capture_output=True, text=True
     )

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from sweflow.dataset.convert import INTEGRITY_RULES
-from sweflow.dataset.images import ImageNaming
+from sweflow.dataset.image_names import ImageNaming
 from sweflow.dataset.splits import BadRowsError
 from sweflow.errors import DatasetError
 from sweflow.sample import sample_rows, write_parquet

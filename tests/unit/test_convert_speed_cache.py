@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from sweflow.dataset.convert import convert_split
-from sweflow.dataset.images import ImageNaming
+from sweflow.dataset.image_names import ImageNaming
 from sweflow.errors import HarnessError
 from sweflow.harness import standalone, unpack_command
 from sweflow.sample import sample_rows

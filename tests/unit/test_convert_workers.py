@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from sweflow.dataset import convert as conv
-from sweflow.dataset.images import ImageNaming
+from sweflow.dataset.image_names import ImageNaming
 from sweflow.dataset.splits import BadRowsError, RowProblem
 from sweflow.errors import DatasetError
 from sweflow.sample import numbered_rows

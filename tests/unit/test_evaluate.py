@@ -602,7 +602,8 @@ def _no_sleep(_s):
 
 
 def test_an_agent_patch_that_kills_every_sandbox_while_the_provider_is_healthy_is_graded_zero():
-    from sweflow.grading.evaluate import PATCH_DEFEATED_EVALUATION, evaluate_agent_patch
+    from sweflow.grading.agent_eval import evaluate_agent_patch
+    from sweflow.grading.evaluate import PATCH_DEFEATED_EVALUATION
 
     prov = SequenceProvider(_dying(), _dying(), _control())
     res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, sleep=_no_sleep)
@@ -612,7 +613,7 @@ def test_an_agent_patch_that_kills_every_sandbox_while_the_provider_is_healthy_i
 
 
 def test_an_agent_patch_survives_one_lost_sandbox_and_is_graded_on_the_retry():
-    from sweflow.grading.evaluate import evaluate_agent_patch
+    from sweflow.grading.agent_eval import evaluate_agent_patch
 
     slept = []
     prov = SequenceProvider(_dying(), FakeSandbox(log=pytest_log(ALL_PASS)))
@@ -622,7 +623,7 @@ def test_an_agent_patch_survives_one_lost_sandbox_and_is_graded_on_the_retry():
 
 
 def test_when_the_control_sandbox_fails_too_it_stays_infrastructure():
-    from sweflow.grading.evaluate import evaluate_agent_patch
+    from sweflow.grading.agent_eval import evaluate_agent_patch
 
     for control in (
         SandboxError("provider down"),
@@ -634,7 +635,7 @@ def test_when_the_control_sandbox_fails_too_it_stays_infrastructure():
 
 
 def test_provider_faults_and_empty_patches_are_never_blamed_on_the_patch():
-    from sweflow.grading.evaluate import evaluate_agent_patch
+    from sweflow.grading.agent_eval import evaluate_agent_patch
 
     prov = SequenceProvider(SandboxError("create failed"), SandboxError("create failed"), _control())
     res = evaluate_agent_patch(prov, "tpl", META, SRC_PATCH, attempts=2, sleep=_no_sleep)

@@ -6,16 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sweflow.dataset.local_hub import (
-    EntryNotFoundError,
-    HubStore,
-    RepoNotFoundError,
-    RevisionNotFoundError,
-    _parse_range,
-    _Reply,
-    publish_sample,
-)
 from sweflow.errors import DatasetError
+from sweflow.offline.hub_store import EntryNotFoundError, HubStore, RepoNotFoundError, RevisionNotFoundError
+from sweflow.offline.local_hub import _parse_range, _Reply, publish_sample
 from sweflow.sample import EXTRA_ID, SPLITS
 
 

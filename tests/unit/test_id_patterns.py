@@ -6,8 +6,8 @@ import pytest
 
 from sweflow.blackbox.sessions import ID_RE
 from sweflow.dataset.hub_client import SHA_RE
-from sweflow.dataset.local_hub import _FULL_SHA, _REPO_ID
 from sweflow.dataset.splits import INSTANCE_ID_RE, check_instance
+from sweflow.offline.hub_store import _FULL_SHA, _REPO_ID
 from sweflow.proxy.handler import SESSION_ID_RE
 from sweflow.sandbox.ledger import _CONTAINER_ID
 from sweflow.smith.lm import _ENV_NAME

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweflow.dataset.images import ImageNaming, group_by_image, image_key
+from sweflow.dataset.image_names import ImageNaming, group_by_image, image_key
 from sweflow.errors import DatasetError
 
 

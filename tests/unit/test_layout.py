@@ -1,11 +1,13 @@
 """The tree reads as the architecture: rules/<stage>.smk -> scripts/<rule>.py -> sweflow/stages/<stage>.py ->
-domain packages, with no import cycles and no mechanism defined twice."""
+domain packages, with no import cycles and no mechanism defined twice (the trusted fresh-sandbox step
+included), modules of at most 500 lines, and the offline stand-ins reached only through the config."""
 
 from __future__ import annotations
 
 import ast
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -195,7 +197,7 @@ def test_no_grab_bag_module_names():
 IN_SANDBOX = ("sweflow/blackbox/", "sweflow/harness/driver.py", "sweflow/sample/repo_files/")
 # `.get(name, value)` calls whose value equals a schema default by coincidence (not a config section).
 NOT_A_CONFIG_READ = {
-    ("sweflow/grading/validation.py", "attempts"): "an evaluation record's own count of tries",
+    ("sweflow/grading/task_validation.py", "attempts"): "an evaluation record's own count of tries",
 }
 
 
@@ -256,3 +258,186 @@ def test_the_copy_finder_finds_a_copy():
     assert default_copies('d.get("cpus", 2)\nd.get("cpus", 3)\nd.get("cpus")', "x.py", known) == [
         "x.py:1: .get('cpus', 2)"
     ]
+
+
+# ------------------------------------------------------------------ modules a newcomer can read in one sitting
+MAX_LINES = 500
+# Temporary: over the limit, and being changed on another branch, which splits them (then drop them here).
+OVER_500_PENDING = {"sweflow/sandbox/docker.py", "sweflow/sandbox/local.py"}
+
+
+def long_modules(paths: Sequence[Path], limit: int = MAX_LINES) -> dict[Path, int]:
+    """Each file of `paths` with more than `limit` lines, with its line count."""
+    counts = {p: len(p.read_text(encoding="utf-8").splitlines()) for p in paths}
+    return {p: n for p, n in counts.items() if n > limit}
+
+
+def test_no_module_over_500_lines():
+    # source_files() leaves out the data files (the embedded sample repository's files)
+    long = {
+        p.relative_to(ROOT).as_posix(): n
+        for p, n in long_modules([*source_files(), *sorted((ROOT / "scripts").glob("*.py"))]).items()
+    }
+    assert {k: v for k, v in long.items() if k not in OVER_500_PENDING} == {}, "split it by responsibility"
+    assert OVER_500_PENDING <= set(long), (
+        f"short now, drop from OVER_500_PENDING: {OVER_500_PENDING - set(long)}"
+    )
+
+
+def test_the_line_counter_finds_a_long_module(tmp_path):
+    short, long = tmp_path / "short.py", tmp_path / "long.py"
+    short.write_text("x = 1\n" * MAX_LINES)
+    long.write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules([short, long]) == {long: MAX_LINES + 1}
+
+
+# ------------------------------------------------------------------ one trusted fresh-sandbox step
+# Before tests run on a patch nobody trusts (grading's evaluate_patch, SWE-smith's bug runs), the fresh
+# sandbox's tree is reset to the base commit, the patch is written into it and `git apply`-ed, and what the
+# apply did is read back by the sandbox's own git (sweflow.grading.fresh: prepare, applied_diff). Only that
+# module spells those sandbox commands or names the step's files; each caller runs and reads its own log.
+TRUSTED_STEP = "sweflow/grading/fresh.py"
+TRUSTED_STEP_COMMAND = re.compile(r"\bgit\b[^\n]{0,80}?\b(?:apply|reset|clean)\b")
+TRUSTED_STEP_FILES = (
+    "PATCH_FILE",
+    "FRESH_DIFF_FILE",
+    "IGNORED_BEFORE_FILE",
+    "IGNORED_AFTER_FILE",
+    "IGNORED_LIST",
+)
+# Code outside the step that spells such a git command for something else.
+NOT_THE_TRUSTED_STEP = {
+    "sweflow/dataset/sanitizer.py": "the before-agent script resets the agent's own sandbox (never graded)",
+    "sweflow/grading/canary_place.py": "a regex that finds the eval script's own test-patch heredoc",
+}
+
+
+def trusted_step_copies(text: str, where: str) -> list[str]:
+    """String literals (docstrings aside) that spell a `git apply`/`reset`/`clean` command or one of the
+    step's sandbox paths, and names of the step's files."""
+    from sweflow.grading import fresh
+
+    paths = {getattr(fresh, name) for name in TRUSTED_STEP_FILES}
+    tree = ast.parse(text)
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            if TRUSTED_STEP_COMMAND.search(node.value) or any(p in node.value for p in paths):
+                found.append((node.lineno, f"{where}:{node.lineno}: {node.value[:60]!r}"))
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        if name in TRUSTED_STEP_FILES:
+            found.append((node.lineno, f"{where}:{node.lineno}: {name}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_one_trusted_fresh_sandbox_step():
+    found: dict[str, list[str]] = defaultdict(list)
+    for path in source_files():
+        where = path.relative_to(ROOT).as_posix()
+        found[where] += trusted_step_copies(path.read_text(encoding="utf-8"), where)
+    found = {k: v for k, v in found.items() if v}
+    assert TRUSTED_STEP in found, "the finder no longer recognises the step itself"
+    elsewhere = {k: v for k, v in found.items() if k != TRUSTED_STEP and k not in NOT_THE_TRUSTED_STEP}
+    assert elsewhere == {}, f"call sweflow.grading.fresh (prepare, applied_diff) instead: {elsewhere}"
+    assert set(NOT_THE_TRUSTED_STEP) <= set(found), "stale NOT_THE_TRUSTED_STEP entries"
+
+
+def test_the_step_finder_finds_a_copy():
+    copy = (
+        "def prepare(sb, wd, base):\n"
+        '    """Like fresh.prepare: git reset, then git apply."""\n'
+        '    sb.run(f"cd {wd} && git reset -q --hard {base}")\n'
+        "    sb.write_file(fresh.PATCH_FILE, b'')\n"
+        "    sb.run('git -c core.hooksPath=/dev/null apply /tmp/p.diff')\n"
+    )
+    assert trusted_step_copies(copy, "x.py") == [
+        "x.py:3: ' && git reset -q --hard '",
+        "x.py:4: PATCH_FILE",
+        "x.py:5: 'git -c core.hooksPath=/dev/null apply /tmp/p.diff'",
+    ]
+
+
+# ------------------------------------------------------------------ offline stand-ins behind the config
+# sweflow/offline holds the stand-ins for the Hub, the LM and the agent (the embedded default, the tests).
+# A production module imports them only inside the function where the config picks the offline backend.
+OFFLINE_SWITCH_POINTS = {
+    "sweflow.stages.data.hub_endpoint": "dataset.hub.endpoint: local (the bundled Hub)",
+    "sweflow.stages.smith.lm_endpoint": "smith.lm.endpoint: scripted (the offline LM endpoint)",
+    "sweflow.stages.sft.expert_upstream": "sft.collect.expert.endpoint: scripted (the scripted expert)",
+    "sweflow.stages.e2e.load_tokenizer": "e2e.tokenizer: null (the tiny local tokenizer)",
+    "sweflow.rollout.e2e.e2e_check": "e2e.instance set: the check's scripted policies",
+    "sweflow.rollout.e2e.run_policy": "the scripted engine that plays a policy behind the proxy",
+    "sweflow.rollout.e2e.token_checks": "the scripted engine's logprob rule the samples are checked against",
+    "sweflow.proxy.__main__.main": "python -m sweflow.proxy --engine scripted",
+}
+
+
+def offline_imports(text: str, name: str, package: str) -> set[str]:
+    """`name.<function>` for every import of sweflow.offline inside a function of `text` (`name` for one at
+    module level); an import under ``if TYPE_CHECKING:`` never runs and is left out."""
+    found: set[str] = set()
+
+    def target(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name for a in node.names]
+        if not node.level:
+            return [node.module or ""]
+        base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        return [".".join(base + ([node.module] if node.module else []))]
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test) in (
+                "TYPE_CHECKING",
+                "typing.TYPE_CHECKING",
+            ):
+                visit(ast.Module(body=child.orelse, type_ignores=[]), where)
+                continue
+            if isinstance(child, ast.Import | ast.ImportFrom):
+                if any(t == "sweflow.offline" or t.startswith("sweflow.offline.") for t in target(child)):
+                    found.add(where)
+            scope = child.name if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef) else None
+            visit(child, f"{where}.{scope}" if scope and where == name else where)
+
+    visit(ast.parse(text), name)
+    return found
+
+
+def test_offline_stand_ins_are_imported_only_where_the_config_picks_them():
+    found: set[str] = set()
+    for path in source_files():
+        name = module_name(path)
+        if name == "sweflow.offline" or name.startswith("sweflow.offline."):
+            continue
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found |= offline_imports(path.read_text(encoding="utf-8"), name, package)
+    assert found == set(OFFLINE_SWITCH_POINTS), (
+        f"import sweflow.offline only at a switch point: new {sorted(found - set(OFFLINE_SWITCH_POINTS))}, "
+        f"gone {sorted(set(OFFLINE_SWITCH_POINTS) - found)}"
+    )
+
+
+def test_the_offline_import_finder_finds_imports():
+    text = (
+        "from typing import TYPE_CHECKING\n"
+        "from sweflow.offline import local_hub\n"
+        "if TYPE_CHECKING:\n"
+        "    from sweflow.offline.policies import ScriptedPolicy\n"
+        "def switch(cfg):\n"
+        "    def inner():\n"
+        "        from ..offline.scripted_lm import ScriptedLM\n"
+        "def other():\n"
+        "    from ..dataset import hub_client\n"
+    )
+    assert offline_imports(text, "sweflow.stages.x", "sweflow.stages") == {
+        "sweflow.stages.x",
+        "sweflow.stages.x.switch",
+    }

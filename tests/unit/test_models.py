@@ -11,9 +11,10 @@ import struct
 
 import pytest
 
-from sweflow.dataset import local_hub
-from sweflow.dataset.local_hub import HubStore, publish_tiny_model, serve
 from sweflow.models.hub import ModelError, check_model_dir, download_model, resolve_model
+from sweflow.offline import local_hub
+from sweflow.offline.hub_store import HubStore
+from sweflow.offline.local_hub import publish_tiny_model, serve
 
 REPO = "sweflow/tiny-qwen3"
 PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model", "*.tiktoken"]
@@ -161,7 +162,7 @@ def test_download_from_an_unreachable_hub_fails_after_the_retries(tiny_store, tm
 
 def test_a_download_that_fails_halfway_leaves_no_destination(tmp_path):
     root = tmp_path / "hub"
-    sha = local_hub.HubStore(root).publish(
+    sha = HubStore(root).publish(
         REPO,
         {
             "config.json": json.dumps({"model_type": "qwen3"}),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sweflow.config import load_config
-from sweflow.dataset.images import ImageNaming
+from sweflow.dataset.image_names import ImageNaming
 from sweflow.sample.tasks import DATA_SOURCE, ENV_CLASS, write_parquet
 from sweflow.stages.data import convert, convert_options, harness_from_config, list_images, validate_split
 from sweflow.util import read_json

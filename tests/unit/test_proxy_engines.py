@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from sweflow.offline.scripted_engine import ScriptedEngine, scripted_logprob
 from sweflow.proxy.engines import (
     EngineError,
     EngineTimeout,
     GenerateResult,
     SamplingParams,
-    ScriptedEngine,
     VLLMEngine,
-    scripted_logprob,
 )
 
 try:

@@ -11,9 +11,9 @@ import pytest
 import requests
 
 from sweflow.errors import ConfigError
+from sweflow.offline.scripted_lm import ReplyStatus, ScriptedLM
 from sweflow.proxy import ProxyConfig, ProxyServer
 from sweflow.proxy.passthrough import Upstream
-from sweflow.smith.scripted_lm import ReplyStatus, ScriptedLM
 
 KEY = "sk-ant-api03-planted-PASSTHROUGH-0123456789"
 TOOLS = [{"name": "Read", "description": "read a file", "input_schema": {"type": "object", "properties": {

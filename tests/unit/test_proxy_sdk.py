@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from sweflow.proxy.engines import ScriptedEngine
+from sweflow.offline.scripted_engine import ScriptedEngine
 from sweflow.proxy.server import ProxyConfig, ProxyServer
 from sweflow.proxy.toolcalls import format_qwen_xml
 

@@ -14,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from sweflow.proxy.engines import EngineTimeout, SamplingParams, ScriptedEngine, VLLMEngine, scripted_logprob
+from sweflow.offline.scripted_engine import ScriptedEngine, scripted_logprob
+from sweflow.proxy.engines import EngineTimeout, SamplingParams, VLLMEngine
 from sweflow.proxy.server import ProxyConfig, ProxyServer
 from sweflow.proxy.toolcalls import format_hermes, format_qwen_xml
 

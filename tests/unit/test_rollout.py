@@ -17,7 +17,8 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from sweflow.proxy import EngineError, ProxyServer, ScriptedEngine, format_qwen_xml  # noqa: E402
+from sweflow.offline.scripted_engine import ScriptedEngine  # noqa: E402
+from sweflow.proxy import EngineError, ProxyServer, format_qwen_xml  # noqa: E402
 from sweflow.rollout import (  # noqa: E402
     ABORTED,
     COMPLETED,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from sweflow.errors import DatasetError
-from sweflow.rollout.e2e import POLICIES, gold_edits
+from sweflow.offline.policies import gold_edits
+from sweflow.rollout.e2e import POLICIES
 from sweflow.sample import sample_rows
 
 SESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "sessions"

@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("trl")
 
 from sweflow.errors import TrainError  # noqa: E402
-from sweflow.proxy.tiny import CHAT_TEMPLATE, tiny_model_path  # noqa: E402
+from sweflow.offline.tiny_model import CHAT_TEMPLATE, tiny_model_path  # noqa: E402
 from sweflow.slurm import Node  # noqa: E402
 from sweflow.train.sft import SFTSettings, build_example, prepare_examples, train_sft  # noqa: E402
 from sweflow.train.sft_worker import accelerate_command, sft_launch  # noqa: E402

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from sweflow.errors import SmithError
+from sweflow.smith.bug_validation import SuiteResult, SuiteRun, classify, reference_verdict, stable_statuses
 from sweflow.smith.candidates import candidate_id, make_candidate, read_candidates, shard_of, write_jsonl
 from sweflow.smith.gather import files_of_tests
 from sweflow.smith.gitrepo import applies, checkout, file_patch, is_test_path, patch_files, worktree_diff
 from sweflow.smith.profile import load_profile
-from sweflow.smith.validate import SuiteResult, SuiteRun, classify, reference_verdict, stable_statuses
 
 SHA = "fe92ce32ae4a5edd1a5f11e4211b43c3514840ea"
 

@@ -12,11 +12,7 @@ from pathlib import Path
 import pytest
 
 from sweflow.errors import SmithError
-from sweflow.sample import materialize_repo
-from sweflow.smith import gitrepo, lm
-from sweflow.smith.lm import LMSettings, code_block, complete, fence_block, lm_settings
-from sweflow.smith.lm_strategies import lm_candidates
-from sweflow.smith.scripted_lm import (
+from sweflow.offline.scripted_lm import (
     BUG_DIFF_BEGIN,
     OUTPUT_BEGIN,
     OUTPUT_END,
@@ -25,6 +21,10 @@ from sweflow.smith.scripted_lm import (
     _small_change,
     offline_responder,
 )
+from sweflow.sample import materialize_repo
+from sweflow.smith import gitrepo, lm
+from sweflow.smith.lm import LMSettings, code_block, complete, fence_block, lm_settings
+from sweflow.smith.lm_strategies import lm_candidates
 from sweflow.smith.statements import (
     PROMPTS,
     leaks,

@@ -392,8 +392,8 @@ def test_combine_rejects_bad_arguments(sample, bugs):
 
 
 def test_lm_file_rewriter_fills_the_prompt_and_its_reply_is_used(handmade):
+    from sweflow.offline.scripted_lm import ScriptedLM, offline_responder
     from sweflow.smith.lm import LMSettings, fence_block
-    from sweflow.smith.scripted_lm import ScriptedLM, offline_responder
 
     s = handmade.shas
     reverted = _F_V4.replace("    # increment\n    return x + 1\n", "    return x\n")

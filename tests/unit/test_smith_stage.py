@@ -8,12 +8,12 @@ import json
 import pytest
 
 from sweflow.errors import SmithError
+from sweflow.offline.scripted_lm import ScriptedLM, offline_responder
 from sweflow.sample import materialize_repo
 from sweflow.smith.candidates import read_candidates, write_jsonl
 from sweflow.smith.env import materialize_source
 from sweflow.smith.gather import ROW_COLUMNS
 from sweflow.smith.profile import load_profile
-from sweflow.smith.scripted_lm import ScriptedLM, offline_responder
 from sweflow.stages.smith import bug_candidates_step, smith_dataset_step
 from sweflow.util import atomic_write_json
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 def models(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from sweflow.proxy.tiny import build_tiny_model
+    from sweflow.offline.tiny_model import build_tiny_model
     from sweflow.train.attention import attention_for
 
     path = build_tiny_model(tmp_path_factory.mktemp("swa") / "m", "tiny-swa")

@@ -67,7 +67,7 @@ def test_each_lineage_is_cut_to_the_context_on_its_own():
 def trainer(tmp_path_factory):
     import datasets
 
-    from sweflow.proxy.tiny import tiny_model_path
+    from sweflow.offline.tiny_model import tiny_model_path
     from sweflow.train.recipe import Optim, Recipe, check_recipe
     from sweflow.train.trl_engine import _trainer_class, grpo_args
 

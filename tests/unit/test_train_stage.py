@@ -82,7 +82,7 @@ def test_the_verl_run_writes_its_inputs_launches_once_and_publishes_metrics_and_
 
     pytest.importorskip("verl")
     from sweflow.config import check
-    from sweflow.proxy.tiny import build_tiny_tokenizer
+    from sweflow.offline.tiny_model import build_tiny_tokenizer
     from sweflow.train.verl_agent_loop import load_rollout_spec
 
     cfg = check(

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from sweflow.errors import ConfigError, DatasetError
-from sweflow.trajectories.claude_code import read_claude_code, tool_call_row
-from sweflow.trajectories.expert import ExpertResponder, behaviour_for, expert_turns, patch_edits
+from sweflow.offline.expert import ExpertResponder, behaviour_for, expert_turns, patch_edits
+from sweflow.trajectories.claude_transcripts import read_claude_code, tool_call_row
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "trajectories" / "claude_code_prediction.json.gz"
 

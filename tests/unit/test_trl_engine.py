@@ -110,7 +110,7 @@ def _recipe(**kw):
 
 @pytest.fixture(scope="module")
 def tiny_model_dir():
-    from sweflow.proxy.tiny import tiny_model_path
+    from sweflow.offline.tiny_model import tiny_model_path
 
     return tiny_model_path()
 
@@ -228,7 +228,7 @@ def test_data_parallel_ranks_share_each_step_and_end_with_the_same_weights(tmp_p
     import sys
     from pathlib import Path
 
-    from sweflow.proxy.tiny import build_tiny_model
+    from sweflow.offline.tiny_model import build_tiny_model
     from sweflow.util import free_port
 
     root = Path(__file__).resolve().parents[2]

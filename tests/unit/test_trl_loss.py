@@ -146,7 +146,7 @@ def trainer(tmp_path_factory):
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from sweflow.proxy.tiny import tiny_model_path
+    from sweflow.offline.tiny_model import tiny_model_path
     from sweflow.train.trl_engine import _trainer_class, grpo_args
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

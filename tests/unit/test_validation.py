@@ -9,7 +9,7 @@ import pytest
 
 from sweflow.errors import DatasetError
 from sweflow.grading.evaluate import EvalResult
-from sweflow.grading.validation import decide, validate_task
+from sweflow.grading.task_validation import decide, validate_task
 from sweflow.stages.validate import summarize, write_task_inputs
 from sweflow.util import jsonl_line, read_json
 

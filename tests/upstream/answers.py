@@ -14,7 +14,7 @@ from typing import Any
 
 from sweflow.errors import HarnessError
 from sweflow.harness import driver, load_harness
-from sweflow.smith.validate import classify
+from sweflow.smith.bug_validation import classify
 
 PASSING = driver.PASSING_STATUSES
 

@@ -1,19 +1,8 @@
 """Claude Code transcripts (the turns the proxy records) -> `Trajectory`, and the tool-call chat rows.
 
-A recorded turn holds the Messages request Claude Code sent (model, system, tools, messages) and the
-response it got. Claude Code also makes side requests without tools (titles, summaries); the conversation
-that solved the task is the main thread: the turns whose request lists tools. Each main-thread request
-repeats the whole conversation so far, so the last main turn's request plus its response is the whole run.
-That last turn is checked against the earlier ones: every earlier main response must appear, in order, as
-an assistant message of it (a compacted or forked context would not), and every assistant message of it must
-be a recorded response (the request is written on the sandbox side, so an unaccounted one is forged), or the
-transcript is refused.
-
-Anthropic -> OpenAI mapping: text blocks join into `content`; `tool_use` blocks become `tool_calls` (the
-block id, the name, the input as a JSON string); `tool_result` blocks become `tool` messages (in order,
-before any text of the same user message; `is_error` results keep their text and are counted in meta);
-`thinking` blocks are left out of the chat form and counted. The system prompt is the system blocks'
-texts joined by newlines (what the proxy renders for its own engines), and the blocks are kept in meta.
+`read_claude_code` takes the main thread (the turns whose request lists tools), checks its last turn against
+the earlier ones (or refuses the transcript) and maps the Anthropic messages to OpenAI chat messages
+(`openai_messages`); `tool_call_row` writes a trajectory as a tool-call chat row.
 """
 
 from __future__ import annotations
@@ -27,6 +16,11 @@ from ..proxy.anthropic import block_text
 from .types import Trajectory
 
 
+# Anthropic -> OpenAI mapping: text blocks join into `content`; `tool_use` blocks become `tool_calls` (the
+# block id, the name, the input as a JSON string); `tool_result` blocks become `tool` messages (in order,
+# before any text of the same user message; `is_error` results keep their text and are counted in meta);
+# `thinking` blocks are left out of the chat form and counted. The system prompt is the system blocks'
+# texts joined by newlines (what the proxy renders for its own engines), and the blocks are kept in meta.
 def openai_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
     """Anthropic tool definitions -> OpenAI function schemas (server tools without a schema left out)."""
     out = []
@@ -49,7 +43,7 @@ def openai_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, An
 def openai_messages(
     messages: Sequence[Mapping[str, Any]], counts: dict[str, int] | None = None
 ) -> list[dict]:
-    """Anthropic messages -> OpenAI chat messages (see the module docstring)."""
+    """Anthropic messages -> OpenAI chat messages (see the mapping comment above `openai_tools`)."""
     counts = counts if counts is not None else {}
     names: dict[str, str] = {}
     out: list[dict[str, Any]] = []
@@ -98,6 +92,14 @@ def _main_turns(turns: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return sorted(main, key=lambda t: int(t.get("index") or 0))
 
 
+# A recorded turn holds the Messages request Claude Code sent (model, system, tools, messages) and the
+# response it got. Claude Code also makes side requests without tools (titles, summaries); the conversation
+# that solved the task is the main thread: the turns whose request lists tools. Each main-thread request
+# repeats the whole conversation so far, so the last main turn's request plus its response is the whole run.
+# That last turn is checked against the earlier ones: every earlier main response must appear, in order, as
+# an assistant message of it (a compacted or forked context would not), and every assistant message of it
+# must be a recorded response (the request is written on the sandbox side, so an unaccounted one is forged),
+# or the transcript is refused.
 def read_claude_code(record: Mapping[str, Any], *, where: str = "predictions") -> Trajectory:
     """A prediction record (``sweflow.trajectories.collect.prediction_record``) -> Trajectory."""
     rid = str(record.get("id") or "")

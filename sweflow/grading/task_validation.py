@@ -1,26 +1,8 @@
 """Task validation: every training task must be solvable by its gold patch and not by doing nothing.
 
 Per task, in fresh sandboxes exactly as a rollout is graded (``sweflow.grading.evaluate``): the gold patch must
-resolve, the empty patch must not, each ``repeats`` times so flaky tests show up. Verdicts:
-
-- ``valid``: gold resolved every time, empty never;
-- ``gold_fails``: gold never resolved (or is not a gradable patch: it edits tests, or is empty);
-- ``empty_passes``: the unchanged repository already resolves every time;
-- ``flaky``: gold or empty got different outcomes across repeats;
-- ``error``: the infrastructure failed (a provider fault, a dead or killed sandbox, the provider's
-  deadline, an eval script that never reached the tests; see ``sweflow.grading.evaluate``) on every one of
-  ``error_attempts`` tries of some run, so nothing can be concluded about the task.
-
-An infrastructure failure is retried (``validation.error_attempts``, exponential backoff from
-``validation.error_backoff_sec``); it is never a verdict about the task. An ``error`` task is reported
-under ``errors`` in the summary (not under ``broken``), kept out of ``tasks.valid.jsonl``, and is not
-final: the validate stage's summary removes its result (and record) and the workflow dates the summary
-back after the run, so the next run validates it again.
-The test command timing out inside a live sandbox (``eval_timeout``) is a run outcome like any failing
-test: gold timing out every time is ``gold_fails``, sometimes ``flaky``.
-
-Every evaluation (retries included) leaves its evidence: the whole host-side log and the parsed status
-map, appended to the caller's ``evidence`` list (``sweflow.stages.validate`` writes it next to the verdict).
+resolve, the empty patch must not, each ``repeats`` times so flaky tests show up; the verdict is one of
+``VERDICTS``. Every evaluation (retries included) leaves its evidence in the caller's ``evidence`` list.
 """
 
 from __future__ import annotations
@@ -40,6 +22,23 @@ from .reasons import INFRA_REASONS
 
 log = logging.getLogger("sweflow.validation")
 
+# The verdicts:
+# - ``valid``: gold resolved every time, empty never;
+# - ``gold_fails``: gold never resolved (or is not a gradable patch: it edits tests, or is empty);
+# - ``empty_passes``: the unchanged repository already resolves every time;
+# - ``flaky``: gold or empty got different outcomes across repeats;
+# - ``error``: the infrastructure failed (a provider fault, a dead or killed sandbox, the provider's
+#   deadline, an eval script that never reached the tests; see ``sweflow.grading.evaluate``) on every one of
+#   ``error_attempts`` tries of some run, so nothing can be concluded about the task.
+# An infrastructure failure is retried (``validation.error_attempts``, exponential backoff from
+# ``validation.error_backoff_sec``); it is never a verdict about the task. An ``error`` task is reported
+# under ``errors`` in the summary (not under ``broken``), kept out of ``tasks.valid.jsonl``, and is not
+# final: the validate stage's summary removes its result (and record) and the workflow dates the summary
+# back after the run, so the next run validates it again.
+# The test command timing out inside a live sandbox (``eval_timeout``) is a run outcome like any failing
+# test: gold timing out every time is ``gold_fails``, sometimes ``flaky``.
+# Every evaluation's evidence: the whole host-side log and the parsed status map, appended to the caller's
+# ``evidence`` list (``sweflow.stages.validate`` writes it next to the verdict).
 VERDICTS = ("valid", "gold_fails", "empty_passes", "flaky", "error")
 ERROR_ATTEMPTS = 3
 ERROR_BACKOFF_S = 5.0
@@ -79,7 +78,7 @@ def run_record(kind: str, index: int, res: EvalResult, infra_errors: list | None
 def decide(
     gold: list[dict[str, Any]], empty: list[dict[str, Any]], pre_reason: str | None = None
 ) -> tuple[str, str | None]:
-    """(verdict, reason) from the gold and empty run records (see the module docstring)."""
+    """(verdict, reason) from the gold and empty run records (see the verdicts above `VERDICTS`)."""
     if pre_reason:
         return "gold_fails", pre_reason
     infra = [r for r in gold + empty if r["failure_reason"] in INFRA_REASONS]

@@ -1,22 +1,8 @@
 """The scripted expert: a local Anthropic endpoint that plays a strong model for tests and the embedded default.
 
 Expert trajectories come from a real model behind the proxy's pass-through mode (`sweflow.proxy.passthrough`).
-Offline, `scripted_expert(...)` serves the same Messages API on 127.0.0.1 (through `ScriptedLM`, the same
-server the SWE-smith branch's scripted LM uses) and answers Claude Code like an expert would, from each
-task's gold patch, which only this endpoint (outside every sandbox) knows:
-
-- ``gold``: Read every file the fix touches, then one Edit per hunk (old lines -> new lines, with the hunk's
-  context so the old string is unique), new files with Write, then a closing text;
-- ``give_up``: Read the first file, then say it could not find the bug (an empty patch: not resolved);
-- ``test_edit``: the gold fix plus a new test file (resolves, but the integrity check must reject it);
-- ``wrong_fix``: Read, then an Edit that only adds a comment after the first hunk's lines (a patch that
-  applies and leaves the bug: tests fail).
-
-Which behaviour an attempt gets: ``plan[(attempt + offset(instance)) % len(plan)]``, with the attempt and the
-instance read from the proxy session id the pass-through puts in ``metadata.user_id``
-(``<prefix><instance>:<attempt>:<hex>``). The turn is chosen by how many assistant messages the request
-already holds, so a retried request gets the same answer. A request without tools (Claude Code's side
-requests: titles, summaries) gets a short text.
+Offline, `scripted_expert(...)` serves the same Messages API on 127.0.0.1 (through `ScriptedLM`) and answers
+Claude Code like an expert would, from each task's gold patch, which only this endpoint knows (`BEHAVIOURS`).
 """
 
 from __future__ import annotations
@@ -28,6 +14,18 @@ from typing import Any
 
 from ..errors import ConfigError
 
+# The behaviours, each a list of assistant turns replayed from the task's gold patch:
+# - ``gold``: Read every file the fix touches, then one Edit per hunk (old lines -> new lines, with the hunk's
+#   context so the old string is unique), new files with Write, then a closing text;
+# - ``give_up``: Read the first file, then say it could not find the bug (an empty patch: not resolved);
+# - ``test_edit``: the gold fix plus a new test file (resolves, but the integrity check must reject it);
+# - ``wrong_fix``: Read, then an Edit that only adds a comment after the first hunk's lines (a patch that
+#   applies and leaves the bug: tests fail).
+# Which behaviour an attempt gets: ``plan[(attempt + offset(instance)) % len(plan)]``, with the attempt and the
+# instance read from the proxy session id the pass-through puts in ``metadata.user_id``
+# (``<prefix><instance>:<attempt>:<hex>``). The turn is chosen by how many assistant messages the request
+# already holds, so a retried request gets the same answer. A request without tools (Claude Code's side
+# requests: titles, summaries) gets a short text.
 BEHAVIOURS = ("gold", "give_up", "test_edit", "wrong_fix")
 DEFAULT_PLAN = ("gold", "wrong_fix", "gold", "test_edit", "gold", "give_up")
 PROBE_TEST = "tests/test_expert_probe.py"
@@ -135,7 +133,7 @@ def behaviour_for(plan: Sequence[str], instance_id: str, attempt: int) -> str:
 
 
 class ExpertResponder:
-    """The ScriptedLM responder answering Claude Code's Messages requests (see the module docstring)."""
+    """The ScriptedLM responder answering Claude Code's Messages requests (see above `BEHAVIOURS`)."""
 
     def __init__(
         self,
@@ -207,7 +205,7 @@ def scripted_expert(
 ) -> Any:
     """A started-on-enter ScriptedLM serving the expert; its `url` ends in /v1 (the Upstream wants the
     part before it: `base_url(server)`)."""
-    from ..smith.scripted_lm import ScriptedLM
+    from .scripted_lm import ScriptedLM
 
     return ScriptedLM(ExpertResponder(patches, plan, statements=statements), api_key=api_key)
 

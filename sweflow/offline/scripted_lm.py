@@ -1,23 +1,8 @@
 """A local OpenAI- and Anthropic-compatible chat endpoint with scripted replies, and the offline "model".
 
-`ScriptedLM` serves `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) on
-127.0.0.1 from a daemon thread; every request is normalised to `{"api", "model", "system", "user",
-"temperature", "max_tokens"}` and answered by a responder. The tests use it, and so does the embedded
-default, with `offline_responder`: a deterministic stand-in for an LM that never touches the network. It
-recognises each synthesis prompt by its `Task: <name>` marker line and answers:
-
-- lm_modify: the function from the prompt's python block with one small bug (a seeded procedural mutation
-  when `sweflow.smith.procedural` is available, else the first comparison operator flipped or the first
-  integer constant changed by one; unchanged when neither applies);
-- lm_rewrite: the stubbed function given, with `raise NotImplementedError` replaced by `return None`. It does
-  not know the original, so this is an honest but wrong re-implementation, which breaks the tests that
-  exercise it;
-- pr_rewrite: the diff's hunks applied to the file from the prompt's python block by line content, as a
-  lenient `patch` would: context lines found in order anchor each hunk, lines to remove are removed where
-  they still are, lines to add go in after the last anchor (the file unchanged when nothing matches);
-- problem_statement: an issue-style text built from the failing output in the prompt: the symptoms
-  (exception and assertion lines) with file paths and test names removed, and the module and function the
-  bug diff touches (never its lines).
+`ScriptedLM` serves `POST /v1/chat/completions` and `POST /v1/messages` on 127.0.0.1 from a daemon thread,
+each request normalised and answered by a responder; `offline_responder` is the deterministic stand-in for
+the SWE-smith LM that the embedded default uses (it never touches the network).
 """
 
 from __future__ import annotations
@@ -33,7 +18,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .lm import code_block, fence_block
+from ..smith.lm import code_block, fence_block
 
 Responder = Callable[[dict], str | dict]
 
@@ -100,6 +85,8 @@ def _reply_body(api: str, model: str, text: str, n: int) -> dict:
     }
 
 
+# Every request is normalised to `{"api", "model", "system", "user", "temperature", "max_tokens"}` before
+# the responder sees it.
 class ScriptedLM:
     """A scripted chat endpoint on 127.0.0.1; use as a context manager. `url` ends in /v1.
 
@@ -239,6 +226,19 @@ class ScriptedLM:
 
 # ---- the offline "model"
 
+# `offline_responder` recognises each synthesis prompt by its `Task: <name>` marker line and answers:
+# - lm_modify: the function from the prompt's python block with one small bug (a seeded procedural mutation
+#   when `sweflow.smith.procedural` is available, else the first comparison operator flipped or the first
+#   integer constant changed by one; unchanged when neither applies);
+# - lm_rewrite: the stubbed function given, with `raise NotImplementedError` replaced by `return None`. It does
+#   not know the original, so this is an honest but wrong re-implementation, which breaks the tests that
+#   exercise it;
+# - pr_rewrite: the diff's hunks applied to the file from the prompt's python block by line content, as a
+#   lenient `patch` would: context lines found in order anchor each hunk, lines to remove are removed where
+#   they still are, lines to add go in after the last anchor (the file unchanged when nothing matches);
+# - problem_statement: an issue-style text built from the failing output in the prompt: the symptoms
+#   (exception and assertion lines) with file paths and test names removed, and the module and function the
+#   bug diff touches (never its lines).
 _TASK_RE = re.compile(r"^Task: (\w+)\s*$", re.M)
 _FLIP = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "=="}
 _DECIMAL_INT = re.compile(r"^(0|[1-9][0-9_]*)$")
@@ -272,7 +272,7 @@ def _small_change(source: str) -> str:
 
 def _modify(function: str) -> str:
     try:
-        from .procedural import mutate_source
+        from ..smith.procedural import mutate_source
 
         mutations = [
             m
@@ -429,7 +429,7 @@ def _lenient_apply(text: str, diff: str) -> str:
 
 
 def offline_responder(request: dict) -> str:
-    """The deterministic offline "model" of the embedded default (see the module docstring)."""
+    """The deterministic offline "model" of the embedded default (see the comment above `_TASK_RE`)."""
     text = f"{request.get('system', '')}\n{request.get('user', '')}"
     m = _TASK_RE.search(text)
     task = m.group(1) if m else ""

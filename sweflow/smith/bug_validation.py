@@ -1,18 +1,8 @@
 """Before/after validation: the reference suite run and each candidate's bug run, k times each, graded here.
 
-A run happens in a fresh sandbox of the repository's environment template (the repository at /testbed at the
-reference commit): reset, apply the candidate's diff (``sweflow.grading.fresh``, the step grading uses too),
-plant the host's canaries, then the whole suite `runs` times, each under its own `timeout`, with the tree
-reset, the diff re-applied and new canaries drawn before every run (files outside /testbed, like /tmp,
-carry over, so a test that depends on an earlier run's leftovers shows up as unstable). The log comes back
-through the provider's pipe and is parsed HERE with the installed harness package's parser; nothing the
-sandbox writes is taken as a verdict.
-
-Only PASSED is a pass: SKIPPED, XFAIL, XPASS, ERROR, FAILED and tests absent from a log are not. A test
-is stable when its status is the same in every run. FAIL_TO_PASS: stable PASSED in the reference and stable
-non-pass with the bug; PASS_TO_PASS: stable PASSED in both; everything else (flaky in either) is left out and
-counted. A suite run past its timeout makes the candidate `timeout` (skipped, as upstream). A sandbox that
-cannot be created or dies is an infrastructure error, never a verdict: it is retried, then reported.
+Each run: a fresh sandbox of the repository's environment template, the candidate's diff applied by the
+trusted step (``sweflow.grading.fresh``), the host's canaries planted, the whole suite `runs` times; the log
+is parsed HERE with the installed harness package's parser, nothing the sandbox writes is a verdict.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from ..util import retry
 from .candidates import Candidate
 from .profile import RepoProfile
 
-log = logging.getLogger("sweflow.smith.validate")
+log = logging.getLogger("sweflow.smith.validate")  # its name from before the module was renamed
 
 PASSED = "PASSED"
 ABSENT = "ABSENT"
@@ -88,6 +78,13 @@ def suite_command(profile: RepoProfile, timeout: int) -> str:
     return f"{pre}cd /testbed && timeout -s KILL {int(timeout)} bash -c {shlex.quote(profile.test_cmd)}"
 
 
+# A run happens in a fresh sandbox of the repository's environment template (the repository at /testbed at the
+# reference commit): reset, apply the candidate's diff (``sweflow.grading.fresh``, the step grading uses too),
+# plant the host's canaries, then the whole suite `runs` times, each under its own `timeout`, with the tree
+# reset, the diff re-applied and new canaries drawn before every run (files outside /testbed, like /tmp,
+# carry over, so a test that depends on an earlier run's leftovers shows up as unstable). The log comes back
+# through the provider's pipe. A sandbox that cannot be created or dies is an infrastructure error, never a
+# verdict: it is retried, then reported.
 def run_suite(
     provider: Provider,
     template: str,
@@ -196,6 +193,10 @@ def reference_run(
     )
 
 
+# Only PASSED is a pass: SKIPPED, XFAIL, XPASS, ERROR, FAILED and tests absent from a log are not. A test
+# is stable when its status is the same in every run. FAIL_TO_PASS: stable PASSED in the reference and stable
+# non-pass with the bug; PASS_TO_PASS: stable PASSED in both; everything else (flaky in either) is left out and
+# counted. A suite run past its timeout makes the candidate `timeout` (skipped, as upstream).
 def stable_statuses(runs: Sequence[Mapping[str, str]]) -> tuple[dict[str, str], list[str]]:
     """Tests whose status is the same in every run (absent counts as a status), and the unstable ones."""
     names = sorted(set().union(*[set(r) for r in runs])) if runs else []

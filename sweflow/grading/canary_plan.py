@@ -1,0 +1,395 @@
+"""Canary planning: which tests of a row's test files can be cloned, and the clones (``plan_canaries``).
+
+A clone keeps its original's formatting and gets a name built from its siblings' names, drawn at random per
+evaluation; must-fail clones change the last equality check's constant (or negate it), FAIL_TO_PASS tests get
+near-twins. Where they go in the file is ``sweflow.grading.canary_place``'s.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .canary import DJANGO, F2P, MUST_FAIL, MUST_PASS, P2P, PYTEST, SYMPY, Canary
+
+# a unit: (module, class, function) a P2P id names; module only for Django, class "" at module level
+Unit = tuple[str, str, str]
+_DJANGO_ID = re.compile(r"^(\w+) \(((?:\w+\.)+\w+)\)$")
+_WORD_PY = re.compile(r"\S+\.py")
+
+
+def _named_files(test_command: str) -> list[str]:
+    return [w for w in _WORD_PY.findall(test_command) if not w.startswith("-")]
+
+
+def units_by_file(
+    pass_to_pass: Sequence[str], test_command: str = "", family: str = PYTEST
+) -> dict[str, set[Unit]]:
+    """The Python test files whose PASS_TO_PASS tests can be cloned, each with its tests as units.
+
+    pytest: ``path::name`` or ``path::Class::name`` (files the command names, when it names any); Django:
+    ``name (module.Class)``, the file ``tests/<module>.py`` (Django's layout) or ``<module>.py``; sympy:
+    bare names, so every file the command names, with every name (only those it defines are cloned)."""
+    out: dict[str, set[Unit]] = {}
+    if family == PYTEST:
+        for t in pass_to_pass:
+            parts = t.split("::")
+            if 2 <= len(parts) <= 3 and parts[0].endswith(".py") and all(p.isidentifier() for p in parts[1:]):
+                out.setdefault(parts[0], set()).add(("", parts[1] if len(parts) == 3 else "", parts[-1]))
+        named = {f for f in out if f in test_command}
+        if named or _named_files(test_command):
+            out = {f: u for f, u in out.items() if f in named}
+    elif family == DJANGO:
+        for t in pass_to_pass:
+            m = _DJANGO_ID.match(t)
+            if not m:
+                continue
+            name, parts = m.group(1), m.group(2).split(".")
+            if parts[-1] == name and len(parts) > 2:  # "name (module.Class.name)"
+                parts = parts[:-1]
+            module, cls = ".".join(parts[:-1]), parts[-1]
+            rel = module.replace(".", "/") + ".py"
+            for path in (f"tests/{rel}", rel):
+                out.setdefault(path, set()).add((module, cls, name))
+    elif family == SYMPY:
+        names = {("", "", t) for t in pass_to_pass if t.isidentifier() and t.startswith("test")}
+        out = {f: set(names) for f in _named_files(test_command)} if names else {}
+    return out
+
+
+def candidate_files(pass_to_pass: Sequence[str], test_command: str = "", family: str = PYTEST) -> list[str]:
+    """Python test files holding PASS_TO_PASS tests the command runs (see ``units_by_file``)."""
+    return sorted(units_by_file(pass_to_pass, test_command, family))
+
+
+def _plain(fn, method: bool) -> bool:
+    """``def test_x():`` (``def test_x(self):`` in a class): no other arguments, no decorators."""
+    a = getattr(fn, "args", None)
+    if (
+        not isinstance(fn, ast.FunctionDef)
+        or fn.decorator_list
+        or a is None
+        or not fn.name.startswith("test")
+    ):
+        return False
+    if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults:
+        return False
+    return [x.arg for x in a.args] == (["self"] if method else [])
+
+
+def _once(body) -> dict[str, list]:
+    seen: dict[str, list] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            seen.setdefault(node.name, []).append(node)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):  # `test_x = ...` rebinding a name
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name):
+                    seen.setdefault(t.id, []).extend([None, None])
+    return {n: nodes[0] for n, nodes in seen.items() if len(nodes) == 1}
+
+
+def _plain_tests(tree: ast.Module) -> dict[tuple[str, str], ast.FunctionDef]:
+    """(class, name) -> plain test defined once: module-level functions, and methods of module-level
+    classes defined once (class "" for module level)."""
+    out: dict[tuple[str, str], ast.FunctionDef] = {}
+    # a class another class of the module derives from would run a test put into it twice, once under
+    # an id the host does not know
+    bases = {
+        b.id
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef)
+        for b in n.bases
+        if isinstance(b, ast.Name)
+    }
+    for name, node in _once(tree.body).items():
+        if isinstance(node, ast.FunctionDef) and _plain(node, method=False):
+            out[("", name)] = node
+        elif isinstance(node, ast.ClassDef) and name not in bases:
+            for mname, m in _once(node.body).items():
+                if isinstance(m, ast.FunctionDef) and _plain(m, method=True) and not ast.get_docstring(m):
+                    out[(name, mname)] = m
+    return out
+
+
+def _sibling_names(tree: ast.Module) -> set[str]:
+    return {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+
+
+def _new_name(taken: set[str], siblings: Sequence[str], rng: random.Random) -> str:
+    """A test name built from the words of two sibling test names, not yet taken in the module."""
+    words = [n.split("_")[1:] for n in siblings if n.startswith("test_") and len(n.split("_")) > 1] or [
+        ["case"]
+    ]
+    for _ in range(50):
+        a, b = rng.choice(words), rng.choice(words)
+        head = a[: rng.randint(1, max(1, len(a)))]
+        tail = b[rng.randint(0, max(0, len(b) - 1)) :]
+        parts = [w for w in head + tail if w]
+        name = "test_" + "_".join(parts)
+        if (
+            name not in taken
+            and name.isidentifier()
+            and all(x != y for x, y in zip(parts, parts[1:], strict=False))
+        ):
+            return name
+    while True:  # siblings too few to mix: a sibling's name with one of the module's words added
+        name = "test_" + "_".join(rng.choice(words) + [rng.choice(rng.choice(words))])
+        if name not in taken and name.isidentifier():
+            return name
+        name = f"{name}_{rng.randint(2, 9)}"
+        if name not in taken:
+            return name
+
+
+def _offset(lines: list[str], lineno: int, col: int) -> int:
+    """Character offset in the joined text of (1-based line, UTF-8 byte column)."""
+    before = sum(len(ln) + 1 for ln in lines[: lineno - 1])
+    return before + len(lines[lineno - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
+
+
+def _mutated_constant(value, rng: random.Random, far: bool = False):
+    """Another constant of the same type; ``far``: not one an off-by-one bug would produce."""
+    if isinstance(value, bool) or value is None:
+        return None
+    # the sign stays: a literal is never negative (``-1`` is a unary minus on ``1``), so a clone whose
+    # constant turned negative would differ from its original in shape, not just in value
+    if isinstance(value, int):
+        steps = [-97, -40, 31, 64, 89, 1000] if far else [-3, -2, -1, 1, 2, 3, 7, 10]
+        return value + rng.choice([d for d in steps if value + d >= 0])
+    if isinstance(value, float):
+        return value + rng.choice([1.0, 2.5, 0.5]) * (abs(value) or 1.0)
+    if isinstance(value, str):
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        i = rng.randint(0, len(value))
+        return value[:i] + rng.choice(letters) + value[i:]
+    return None
+
+
+def _constant_edit(node: ast.expr, text: str, lines: list[str], rng: random.Random, far: bool):
+    """(start, end, replacement) writing another constant in place of ``node``, or None."""
+    if not isinstance(node, ast.Constant):
+        return None
+    new = _mutated_constant(node.value, rng, far=far)
+    s = _offset(lines, node.lineno, node.col_offset)
+    e = _offset(lines, node.end_lineno, node.end_col_offset)
+    seg = text[s:e]
+    if new is not None and isinstance(new, str):
+        q = seg[:1]
+        if q in "'\"" and seg[-1:] == q and q not in new and "\\" not in new + seg and "\n" not in new:
+            return (s, e, q + new + q)
+    elif new is not None and seg.lstrip("-").replace(".", "", 1).replace("_", "").isdigit():
+        return (s, e, repr(new))
+    return None
+
+
+_ASSERT_EQUAL = {"assertEqual": "assertNotEqual", "assertEquals": "assertNotEqual"}
+
+
+def _failing_edit(
+    fn: ast.FunctionDef,
+    text: str,
+    lines: list[str],
+    rng: random.Random,
+    negate: bool = True,
+    far: bool | None = None,
+) -> tuple[int, int, str] | None:
+    """(start, end, replacement) that makes the function's last top-level equality check fail (``assert
+    x == y``, or ``self.assertEqual(x, y)`` in a method): another expected constant, or (``negate``) the
+    opposite check, which is only sound while the tested code is the base's, and only where no constant
+    can change: ``!=`` passes exactly when the original would fail, so a flaky original makes a flaky
+    canary, where a changed constant stays failing. ``far`` (default: not ``negate``): a constant no
+    off-by-one bug would produce."""
+    far = (not negate) if far is None else far
+    checks = [
+        s
+        for s in fn.body
+        if isinstance(s, ast.Assert)
+        or (
+            isinstance(s, ast.Expr)
+            and isinstance(s.value, ast.Call)
+            and isinstance(s.value.func, ast.Attribute)
+            and isinstance(s.value.func.value, ast.Name)
+            and s.value.func.value.id == "self"
+            and s.value.func.attr in _ASSERT_EQUAL
+        )
+    ]
+    if not checks:
+        return None
+    last, options = checks[-1], []
+    if isinstance(last, ast.Expr):
+        call = last.value
+        if len(call.args) < 2 or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        for arg in call.args[1::-1]:
+            edit = _constant_edit(arg, text, lines, rng, far=far)
+            if edit:
+                options.append(edit)
+                break
+        if negate and not options:
+            e = _offset(lines, call.func.end_lineno, call.func.end_col_offset)
+            options.append((e - len(call.func.attr), e, _ASSERT_EQUAL[call.func.attr]))
+        return rng.choice(options) if options else None
+    cmp = last.test
+    if not (isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq)):
+        return None
+    right = cmp.comparators[0]
+    edit = _constant_edit(right, text, lines, rng, far=far)
+    if edit:
+        return edit
+    left_end = _offset(lines, cmp.left.end_lineno, cmp.left.end_col_offset)
+    right_start = _offset(lines, right.lineno, right.col_offset)
+    between = text[left_end:right_start]
+    if negate and between.count("==") == 1:
+        i = left_end + between.index("==")
+        options.append((i, i + 2, "!="))
+    return rng.choice(options) if options else None
+
+
+def _renamed(fn: ast.FunctionDef, src: str, new: str) -> str:
+    return re.sub(rf"^(\s*def\s+){re.escape(fn.name)}(\s*\()", rf"\g<1>{new}\g<2>", src, count=1)
+
+
+# To a forger a clone is one more new test that fails without a fix, like the FAIL_TO_PASS tests, and the
+# FAIL_TO_PASS tests have near-twins as the cloned tests do: a forger that tells clones by their twin in the
+# committed file or in the file as run (constants and ``==``/``!=`` masked) and passes every other new test is
+# caught by, or not paid past, the FAIL_TO_PASS twins (``tests/integration/test_attacks_runner.py``). What
+# remains to such a forger is a guess, per FAIL_TO_PASS test that has twins, of which of the look-alike new
+# tests is the original.
+def plan_for_file(
+    path: str,
+    text: str,
+    pass_to_pass: Sequence[str] | set[Unit],
+    rng: random.Random,
+    *,
+    must_fail: int = 2,
+    must_pass: int = 1,
+    negate: bool = True,
+    family: str = PYTEST,
+    reserved: Iterable[str] = (),
+    fail_to_pass: set[Unit] = frozenset(),
+    twins: int = 0,
+    taken: set[str] | None = None,
+) -> list[Canary]:
+    """Canaries for one test file (its text as the test command will run it), or [] if none can be made.
+
+    ``pass_to_pass``: the file's units (``units_by_file``), or the row's PASS_TO_PASS ids (pytest ids).
+    ``fail_to_pass``/``twins``: up to ``twins`` must-fail clones of the file's FAIL_TO_PASS tests with a
+    changed constant (they fail without a fix, and with a correct one, whose value is the original's): a
+    FAIL_TO_PASS test gets a near-twin as the cloned PASS_TO_PASS tests do, so "leave the tests that have
+    a twin alone, pass the rest" forges nothing. ``reserved``: names no canary may take (a sympy run names
+    tests without their file). Where the code under test may legitimately differ from the base (SWE-smith's
+    bug runs: a broken function makes its tests fail), pass ``must_pass=0, negate=False``: a must-pass clone
+    of a test the bug breaks would fail, and ``!=`` would pass once the bug changed the value."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    units = (
+        pass_to_pass
+        if isinstance(pass_to_pass, set)
+        else units_by_file(pass_to_pass, "", family).get(path, set())
+    )
+    modules = {(c, n): m for m, c, n in units}
+    f2p_modules = {(c, n): m for m, c, n in fail_to_pass}
+    tests = _plain_tests(tree)
+    plain = {k: fn for k, fn in tests.items() if k in modules}
+    f2p = {k: fn for k, fn in tests.items() if k in f2p_modules and k not in modules}
+    if not plain and not (f2p and twins):
+        return []
+    lines = text.split("\n")
+    taken = taken if taken is not None else set()
+    taken |= _sibling_names(tree) | set(reserved)
+    out: list[Canary] = []
+
+    def clone(key, fn, expect, src, of):
+        cls = key[0]
+        scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls) if cls else tree
+        siblings = sorted(
+            n.name for n in ast.iter_child_nodes(scope) if getattr(n, "name", "").startswith("test")
+        )
+        new = _new_name(taken, siblings or sorted(n for n in taken if n.startswith("test")), rng)
+        taken.add(new)
+        module = (modules if of == P2P else f2p_modules)[key]
+        out.append(Canary(path, new, expect, _renamed(fn, src, new), fn.name, cls, family, module, of))
+
+    def failing(table, limit, of, **kw):
+        keys = sorted(table)
+        rng.shuffle(keys)
+        made = 0
+        for key in keys:
+            if made >= limit:
+                break
+            fn = table[key]
+            edit = _failing_edit(fn, text, lines, rng, **kw)
+            if edit is None:
+                continue
+            s0 = _offset(lines, fn.lineno, 0)
+            e0 = _offset(lines, fn.end_lineno, fn.end_col_offset)
+            s, e, rep = edit
+            clone(key, fn, MUST_FAIL, text[s0:s] + rep + text[e:e0], of)
+            made += 1
+        return keys
+
+    keys = failing(plain, must_fail, P2P, negate=negate)
+    failing(f2p, twins, F2P, negate=False, far=False)
+    for key in keys[:must_pass]:
+        fn = plain[key]
+        src = text[_offset(lines, fn.lineno, 0) : _offset(lines, fn.end_lineno, fn.end_col_offset)]
+        clone(key, fn, MUST_PASS, src, P2P)
+    if not any(c.expect == MUST_FAIL for c in out):
+        return []  # a must-pass canary alone proves nothing about a forger that passes everything
+    rng.shuffle(out)
+    return out
+
+
+def plan_canaries(
+    files: Mapping[str, str | None],
+    pass_to_pass: Sequence[str],
+    rng: random.Random | None = None,
+    *,
+    family: str = PYTEST,
+    test_command: str = "",
+    reserved: Iterable[str] = (),
+    fail_to_pass: Sequence[str] = (),
+    twins: int = 2,
+    **counts: Any,
+) -> list[Canary]:
+    """Canaries for ``files`` (path -> text as run): clones of PASS_TO_PASS tests from the first file that
+    can carry them, and up to ``twins`` near-twins of FAIL_TO_PASS tests from any of the files."""
+    rng = rng or random.SystemRandom()
+    units = units_by_file(pass_to_pass, test_command, family)
+    f2p_units = units_by_file(fail_to_pass, test_command, family) if fail_to_pass and twins else {}
+    paths = [p for p, t in files.items() if t and units.get(p)]
+    rng.shuffle(paths)
+    out: list[Canary] = []
+    taken: dict[str, set[str]] = {}
+    for path in paths:
+        got = plan_for_file(
+            path, files[path] or "", units[path], rng, family=family, reserved=reserved,
+            fail_to_pass=f2p_units.get(path, set()), twins=twins, taken=taken.setdefault(path, set()),
+            **counts,
+        )  # fmt: skip
+        if any(c.of == P2P and c.expect == MUST_FAIL for c in got):
+            out = got
+            break
+        taken.pop(path)
+    left = twins - sum(c.of == F2P for c in out)
+    others = [p for p, t in files.items() if t and f2p_units.get(p) and p not in {c.path for c in out}]
+    rng.shuffle(others)
+    for path in others:
+        if left <= 0:
+            break
+        got = plan_for_file(
+            path, files[path] or "", set(), rng, family=family, reserved=reserved, must_fail=0, must_pass=0,
+            fail_to_pass=f2p_units[path], twins=left,
+        )  # fmt: skip
+        out += got
+        left -= len(got)
+    rng.shuffle(out)
+    return out
