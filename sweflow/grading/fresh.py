@@ -6,6 +6,7 @@ add the host's canaries. A provider fault raises SandboxError; nothing here read
 
 from __future__ import annotations
 
+import base64
 import random
 import shlex
 import uuid
@@ -65,24 +66,45 @@ def _must(sb: Sandbox, cmd: str, what: str) -> str:
     return r.stdout
 
 
+# A patch up to this size travels inside the setup command (base64; one argument to bash stays under
+# Linux's 128 KiB per-argument limit), a larger one as a file: one round trip to the sandbox instead of four.
+INLINE_PATCH_BYTES = 48 * 1024
+SETUP_FAILED = 97  # the exit status (with SETUP_MARK on stderr) of a reset that failed before the apply
+SETUP_MARK = "sweflow-setup-failed"
+
+
 def prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
     """Reset ``workdir`` to ``base`` and apply ``patch``; the apply error text, or None on success.
 
     ``git reset --hard && git clean -fd``, then the untracked files under ignore rules are listed (for
-    ``applied_diff``), the patch is written and ``git apply --binary``-ed."""
+    ``applied_diff``), the patch is written and ``git apply --binary``-ed: one command for all of it when the
+    patch is small (a failure before the apply is told apart by its exit status and mark)."""
     wd, b = shlex.quote(workdir), shlex.quote(base)
-    _must(sb, f"cd {wd} && git reset -q --hard {b} && git clean -fdq", f"resetting {workdir} to {base}")
+    reset = f"cd {wd} && git reset -q --hard {b} && git clean -fdq"
     if not patch.strip():
+        _must(sb, reset, f"resetting {workdir} to {base}")
         return None
-    _must(
-        sb,
-        f"mkdir -p /tmp/.sweflow && cd {wd} && {IGNORED_LIST} > {IGNORED_BEFORE_FILE}",
-        "listing ignored files",
+    data = encode(patch)
+    setup = f"{reset} && mkdir -p /tmp/.sweflow && {IGNORED_LIST} > {IGNORED_BEFORE_FILE}"
+    if len(data) <= INLINE_PATCH_BYTES:
+        setup += f" && printf %s {base64.b64encode(data).decode('ascii')} | base64 -d > {PATCH_FILE}"
+    else:
+        _must(sb, setup, f"resetting {workdir} to {base}")
+        sb.write_file(PATCH_FILE, data)
+        setup = f"cd {wd}"
+    r = sb.run(
+        f"{{ {setup}; }} || {{ echo {SETUP_MARK} >&2; exit {SETUP_FAILED}; }}; "
+        f"git apply --binary --whitespace=nowarn {PATCH_FILE}",
+        timeout=SETUP_TIMEOUT,
     )
-    sb.write_file(PATCH_FILE, encode(patch))
-    r = sb.run(f"cd {wd} && git apply --binary --whitespace=nowarn {PATCH_FILE}", timeout=SETUP_TIMEOUT)
     if r.ok:
         return None
+    if r.exit_code == SETUP_FAILED and SETUP_MARK in r.stderr:
+        raise SandboxError(
+            f"resetting {workdir} to {base} failed: {r.stderr.replace(SETUP_MARK, '').strip()[-300:]}",
+            file=sb.template,
+            row=sb.id,
+        )
     if r.timed_out or r.exit_code < 0 or not alive(sb):
         raise SandboxError(
             f"git apply did not finish (exit {r.exit_code}{', timed out' if r.timed_out else ''})",
@@ -103,14 +125,13 @@ def applied_diff(
     A diff over ``rules.max_applied_bytes`` is never read: the patch_too_large violation instead.
     """
     wd, b = shlex.quote(workdir), shlex.quote(base)
-    _must(sb, f"cd {wd} && {IGNORED_LIST} > {IGNORED_AFTER_FILE}", "listing ignored files")
-    before = set(decode(sb.read_file(IGNORED_BEFORE_FILE)).split("\0"))
-    added = sorted(p for p in set(decode(sb.read_file(IGNORED_AFTER_FILE)).split("\0")) - before if p)
-    force = f"git {UNHOOKED} add -f -- {' '.join(shlex.quote(p) for p in added)} && " if added else ""
+    # the ignored files now that were not there before, NUL-separated and byte-sorted, are force-added
+    added = f"LC_ALL=C comm -z -13 <(LC_ALL=C sort -z {IGNORED_BEFORE_FILE}) <(LC_ALL=C sort -z {IGNORED_AFTER_FILE})"
     out = _must(
         sb,
-        f"cd {wd} && git {UNHOOKED} add -A && {force}git {PINNED_DIFF} --cached --text {b} > {FRESH_DIFF_FILE}"
-        f" && wc -c < {FRESH_DIFF_FILE}",
+        f"cd {wd} && {IGNORED_LIST} > {IGNORED_AFTER_FILE} && git {UNHOOKED} add -A"
+        f" && {{ {added} | xargs -0 -r git {UNHOOKED} add -f --; }}"
+        f" && git {PINNED_DIFF} --cached --text {b} > {FRESH_DIFF_FILE} && wc -c < {FRESH_DIFF_FILE}",
         "diffing the applied patch",
     )
     size = (out.strip().splitlines() or ["0"])[-1].strip()
@@ -121,21 +142,34 @@ def applied_diff(
     return applied_size_violation(len(data), rules) or decode(data)
 
 
+def _read_many(sb: Sandbox, workdir: str, commands: Sequence[str]) -> list[bytes | None]:
+    """What each shell command prints (None where it fails), from one command and one file read: each
+    output framed as ``<index> <size>\n<bytes>``, read back by the provider, not through a log."""
+    if not commands:
+        return []
+    tag = uuid.uuid4().hex
+    tmp, out = f"/tmp/.sweflow/read-{tag}", f"/tmp/.sweflow/read-{tag}.out"
+    parts = [
+        f'if {{ {c}; }} > {tmp} 2>/dev/null; then printf "%s %s\\n" {i} "$(wc -c < {tmp})"; cat {tmp}; fi'
+        for i, c in enumerate(commands)
+    ]
+    _must(
+        sb,
+        f"mkdir -p /tmp/.sweflow && cd {shlex.quote(workdir)} && {{ {'; '.join(parts)}; }} > {out}",
+        "reading files",
+    )
+    data, got, at = sb.read_file(out), [None] * len(commands), 0
+    while at < len(data):
+        eol = data.index(b"\n", at)
+        index, size = (int(x) for x in data[at:eol].split())
+        got[index], at = data[eol + 1 : eol + 1 + size], eol + 1 + size
+    return got
+
+
 def read_at_base(sb: Sandbox, workdir: str, base: str, paths: Sequence[str]) -> dict[str, str | None]:
     """Each path's text at ``base`` by the sandbox's git (None: absent there or unreadable)."""
-    texts: dict[str, str | None] = {}
-    wd = shlex.quote(workdir)
-    for path in paths:
-        out = f"/tmp/.sweflow/canary-src-{uuid.uuid4().hex}"
-        r = sb.run(
-            f"mkdir -p /tmp/.sweflow && cd {wd} && git show {shlex.quote(base + ':' + path)} > {out}",
-            timeout=SETUP_TIMEOUT,
-        )
-        try:
-            texts[path] = decode(sb.read_file(out)) if r.ok else None
-        except SandboxError:
-            texts[path] = None
-    return texts
+    shown = _read_many(sb, workdir, [f"git show {shlex.quote(base + ':' + p)}" for p in paths])
+    return {p: None if d is None else decode(d) for p, d in zip(paths, shown, strict=True)}
 
 
 def read_current(sb: Sandbox, workdir: str, paths: Sequence[str]) -> dict[str, str | None]:

@@ -98,6 +98,28 @@ def test_extract_patch_round_trip_into_a_fresh_sandbox(env):
     assert res.marker["fail_to_pass_success"] == 2 and res.timings["eval_s"] > 0
 
 
+def test_the_one_command_setup_tells_a_failed_reset_from_a_failed_apply_and_takes_big_patches(env):
+    """fresh.prepare resets, lists, writes a small patch and applies it in one command: a base that does not
+    exist is the provider's fault (never failed_apply_patch), a patch that does not apply is the patch's, and
+    a patch over fresh.INLINE_PATCH_BYTES (written as a file) grades the same as a small one."""
+    from sweflow.grading import fresh
+
+    inst = load_task(TASK)
+    meta = env.meta(inst)
+    lost = evaluate_patch(env.provider, env.templates[TASK], {**meta, "base_commit": "0" * 40}, inst["patch"])
+    assert (lost.failure_reason, lost.infra) == ("fresh_eval_exception", True), lost.error
+    assert "resetting" in lost.error
+    bad = evaluate_patch(env.provider, env.templates[TASK], meta, inst["patch"].replace("\n-", "\n-zz", 1))
+    assert (bad.failure_reason, bad.infra) == ("failed_apply_patch", False)
+    # a new module of ~60 KB beside the fix: over the inline size, so it goes through write_file
+    body = "".join(f"+X{i} = {i}  # padding to pass the inline limit\n" for i in range(1500))
+    big = inst["patch"] + f"diff --git a/calclib/pad.py b/calclib/pad.py\nnew file mode 100644\n--- /dev/null\n" \
+        f"+++ b/calclib/pad.py\n@@ -0,0 +1,1500 @@\n{body}"  # fmt: skip
+    assert len(big.encode()) > fresh.INLINE_PATCH_BYTES
+    res = evaluate_patch(env.provider, env.templates[TASK], meta, big)
+    assert (res.reward, res.resolved, res.failure_reason) == (1.0, True, None), res.error
+
+
 def _official_grade(env, inst, log_text: str, tmp_path):
     """Parse and grade a log with swebench's own get_logs_eval / get_eval_tests_report / resolution status."""
     from swebench.harness.grading import get_eval_tests_report, get_logs_eval, get_resolution_status

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import re
 
 import pytest
 
 from sweflow.errors import EvalError, SandboxError
+from sweflow.grading import fresh
 from sweflow.grading.evaluate import (
     OUTPUT_TAIL_CHARS,
     EvalResult,
@@ -52,6 +54,9 @@ class FakeSandbox:
 
     def run(self, cmd, *, timeout, env=None, cwd=None):
         self.cmds.append(cmd)
+        inline = re.search(r"printf %s ([A-Za-z0-9+/=]+) \| base64 -d > ([^\s;]+)", cmd)
+        if inline:  # fresh.prepare sends a small patch inside its command
+            self.written[inline.group(2)] = base64.b64decode(inline.group(1))
         for needle, answer in self.rules:
             if needle in cmd:
                 if isinstance(answer, list):  # a sequence of answers, consumed in order
@@ -88,8 +93,8 @@ class FakeSandbox:
             data = data.pop(0) if len(data) > 1 else data[0]
         if isinstance(data, Exception):
             raise data
-        if data is None and path.startswith("/tmp/.sweflow/ignored-"):
-            return b""  # no untracked files under ignore rules, before or after the apply
+        if data is None and path.startswith("/tmp/.sweflow/read-"):
+            return b""  # fresh._read_many: no file it asked for is there (no canary source)
         if data is None:
             raise SandboxError("read_file: no such file", file=path)
         return data
@@ -277,8 +282,10 @@ def test_resolved_run_resets_applies_runs_the_official_script_and_grades_on_the_
     assert "noise" in res.output_tail
     assert prov.created[0]["template"] == "tpl-x" and prov.created[0]["env"] == {"A": "1"}
     assert prov.created[0]["metadata"]["instance_id"] == INST["instance_id"]
+    # one command resets, lists the ignored files, writes the patch and applies it
     assert f"git reset -q --hard {BASE}" in sb.cmds[0] and "git clean -fdq" in sb.cmds[0]
-    assert "git ls-files -z --others --ignored" in sb.cmds[1] and "git apply --binary" in sb.cmds[2]
+    assert "git ls-files -z --others --ignored" in sb.cmds[0] and "git apply --binary" in sb.cmds[0]
+    assert sb.cmds[0].index("git reset") < sb.cmds[0].index("ls-files") < sb.cmds[0].index("git apply")
     assert sb.written["/tmp/.sweflow/patch.diff"] == SRC_PATCH.encode()
     script = sb.written[HOST_SCRIPT].decode()
     assert "git apply -v - <<'EOF_" in script, "the official script, test patch included"
@@ -385,8 +392,13 @@ def test_provider_errors_become_fresh_eval_exception():
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
     assert res.failure_reason == "fresh_eval_exception" and "exec create timed out" in res.error
     assert sb.kill_count == 1
-    sb = FakeSandbox(rules=[("git reset", CommandResult(128, "", "fatal: unknown revision"))])
+    # the shell's answer when the reset before the apply fails (tests/integration/test_evaluate_sandbox.py)
+    failed = CommandResult(fresh.SETUP_FAILED, "", f"fatal: unknown revision\n{fresh.SETUP_MARK}\n")
+    sb = FakeSandbox(rules=[("git reset", failed)])
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
+    assert res.failure_reason == "fresh_eval_exception" and "unknown revision" in res.error
+    sb = FakeSandbox(rules=[("git reset", CommandResult(128, "", "fatal: unknown revision"))])
+    res = evaluate_patch(FakeProvider(sb), "tpl", META, "")
     assert res.failure_reason == "fresh_eval_exception" and "unknown revision" in res.error
     sb = FakeSandbox(logged_error=SandboxError("exec stream broke"))
     res = evaluate_patch(FakeProvider(sb), "tpl", META, SRC_PATCH)
