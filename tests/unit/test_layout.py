@@ -263,7 +263,7 @@ def test_the_copy_finder_finds_a_copy():
 # ------------------------------------------------------------------ modules a newcomer can read in one sitting
 MAX_LINES = 500
 # Temporary: over the limit, and being changed on another branch, which splits them (then drop them here).
-OVER_500_PENDING = {"sweflow/sandbox/docker.py", "sweflow/sandbox/local.py"}
+OVER_500_PENDING = {"sweflow/sandbox/docker.py"}
 
 
 def long_modules(paths: Sequence[Path], limit: int = MAX_LINES) -> dict[Path, int]:
