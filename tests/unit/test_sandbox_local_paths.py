@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import stat
 
-from sweflow.sandbox.local import LocalProvider, _searchable
+from sweflow.sandbox.local import LocalProvider
+from sweflow.sandbox.local_bwrap import _searchable
 
 
 def test_a_relative_root_under_a_private_folder_becomes_searchable(tmp_path, monkeypatch):
