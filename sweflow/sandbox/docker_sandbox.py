@@ -271,17 +271,33 @@ class DockerSandbox(SandboxBase):
         payload = data.encode("utf-8") if isinstance(data, str) else data
         parent, name = path.rsplit("/", 1) if "/" in path else (".", path)
         parent = parent or "/"
-        r = self.run(f"mkdir -p {shlex.quote(parent)}", timeout=timeout)
-        if not r.ok:
-            raise SandboxError(f"write_file: mkdir failed: {r.stderr.strip()}", file=path, row=self.id)
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(payload), 0o644, int(time.time())
             tar.addfile(info, io.BytesIO(payload))
-        ok = _call(
-            lambda: self.container.put_archive(parent, buf.getvalue()), timeout, "write_file", path, self.id
-        )
+
+        def put() -> bool:
+            return _call(
+                lambda: self.container.put_archive(parent, buf.getvalue()),
+                timeout,
+                "write_file",
+                path,
+                self.id,
+            )
+
+        try:
+            ok = put()
+        except SandboxError as exc:
+            # the engine answers 404 for a missing folder: make it, then write (an exec more only then)
+            if getattr(exc.__cause__, "status_code", None) != 404:
+                raise
+            r = self.run(f"mkdir -p {shlex.quote(parent)}", timeout=timeout)
+            if not r.ok:
+                raise SandboxError(
+                    f"write_file: mkdir failed: {r.stderr.strip()}", file=path, row=self.id
+                ) from None
+            ok = put()
         if not ok:
             raise SandboxError("write_file: put_archive refused", file=path, row=self.id)
 
