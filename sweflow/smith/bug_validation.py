@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import SandboxError, SmithError
 from ..grading import canary, fresh
+from ..grading.pass_rules import passes
 from ..harness import driver
 from ..sandbox.base import TIMEOUT_EXITS, Provider
 from ..util import retry
@@ -28,8 +29,8 @@ from .profile import RepoProfile
 
 log = logging.getLogger("sweflow.smith.validate")  # its name from before the module was renamed
 
-PASSED = "PASSED"
 ABSENT = "ABSENT"
+RULE = "swesmith"  # the pass rule of SWE-smith's own validation (grading.pass_rules)
 WORKDIR = "/testbed"
 SETUP_TIMEOUT = 300.0
 # Outcomes of one candidate.
@@ -193,7 +194,7 @@ def reference_run(
     )
 
 
-# Only PASSED is a pass: SKIPPED, XFAIL, XPASS, ERROR, FAILED and tests absent from a log are not. A test
+# SWE-smith's pass rule (grading.pass_rules "swesmith"): only PASSED is a pass. A test
 # is stable when its status is the same in every run. FAIL_TO_PASS: stable PASSED in the reference and stable
 # non-pass with the bug; PASS_TO_PASS: stable PASSED in both; everything else (flaky in either) is left out and
 # counted. A suite run past its timeout makes the candidate `timeout` (skipped, as upstream).
@@ -215,7 +216,7 @@ def reference_verdict(result: SuiteResult, profile: RepoProfile) -> dict[str, An
     least `min_pass_share`. Returns {ok, reason, passed (stable PASSED tests), flaky, tests, share}."""
     runs = [r.statuses for r in result.runs]
     stable, flaky = stable_statuses(runs)
-    passed = sorted(t for t, s in stable.items() if s == PASSED)
+    passed = sorted(t for t, s in stable.items() if passes(RULE, s))
     total = len(set().union(*[set(r) for r in runs])) if runs else 0
     share = len(passed) / total if total else 0.0
     reason = None
@@ -244,7 +245,7 @@ def classify(reference_passed: Sequence[str], bug_runs: Sequence[Mapping[str, st
         seen = {r.get(test, ABSENT) for r in bug_runs}
         if len(seen) > 1:
             flaky.append(test)
-        elif seen == {PASSED}:
+        elif len(seen) == 1 and passes(RULE, next(iter(seen))):
             p2p.append(test)
         else:
             f2p.append(test)

@@ -50,3 +50,22 @@ def test_every_engine_the_recipe_accepts_has_a_registered_function():
     from sweflow.train import engines, recipe
 
     assert set(engines.ENGINES) == set(recipe.ENGINES) == {"trl", "verl"}
+
+
+def test_the_pass_rules_are_named_and_differ_where_upstream_does():
+    from sweflow.grading.pass_rules import PASS_RULES, passes
+    from sweflow.harness import driver
+    from sweflow.smith import bug_validation
+
+    assert set(PASS_RULES) == {"harness", "swesmith"}
+    assert PASS_RULES["harness"] == set(driver.PASSING_STATUSES) == {"PASSED", "XFAIL"}
+    assert [
+        s for s in ("PASSED", "XFAIL", "XPASS", "SKIPPED", "FAILED", "ERROR", None) if passes("swesmith", s)
+    ] == ["PASSED"]
+    assert passes("harness", "XFAIL") and not passes("harness", None)
+    assert bug_validation.RULE == "swesmith"
+    # SWE-smith's classification follows its rule: an XFAIL under the bug is a FAIL_TO_PASS, not a pass
+    got = bug_validation.classify(["t1", "t2", "t3"], [{"t1": "PASSED", "t2": "XFAIL"}] * 2)
+    assert got == {"FAIL_TO_PASS": ["t2", "t3"], "PASS_TO_PASS": ["t1"], "flaky": []}
+    with pytest.raises(ValueError, match="no pass rule"):
+        passes("nose", "PASSED")
