@@ -18,6 +18,7 @@ from sweflow.sandbox.base import BLACKBOX_PORT
 from sweflow.sandbox.build import build_and_record
 from sweflow.sandbox.smoke import smoke
 from sweflow.sandbox.spec import TemplateSpec, template_name
+from tests.fakes.e2b_envd import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 CLAUDE_VERSION = os.environ.get("SWEFLOW_CLAUDE_VERSION", "2.1.332")
@@ -114,10 +115,9 @@ def test_run_env_cwd_timeout_files_background(env):
             time.sleep(0.2)
         assert res is not None and (res.exit_code, res.stdout, res.stderr) == (4, "hi\n", "bye\n")
         long = sb.start("sleep 120")
-        time.sleep(0.5)
         assert long.poll() is None
         long.kill()
-        time.sleep(0.5)
+        assert wait_until(lambda: long.poll() is not None, timeout=30)  # a loaded machine may take a while
         assert long.poll().exit_code == 137 and "sleep 120" not in sb.run("ps -eo args", timeout=10).stdout
 
 
@@ -134,10 +134,16 @@ def test_kill_removes_container_and_lifetime_timeout(env):
     with pytest.raises(SandboxError, match="already killed"):
         sb.run("true", timeout=5)
     short = env["none"].create(env["template"], timeout=1)
-    time.sleep(3)
-    assert short.killed
-    with pytest.raises(docker.errors.NotFound):
-        env["client"].containers.get(short.container.id)
+
+    def gone() -> bool:
+        try:
+            env["client"].containers.get(short.container.id)
+        except docker.errors.NotFound:
+            return True
+        return False
+
+    # the lifetime timer kills it and removes the container: waited for, not slept on (a loaded machine)
+    assert wait_until(lambda: short.killed and gone(), timeout=30)
 
 
 def test_resource_limits_are_applied_and_enforced(env):

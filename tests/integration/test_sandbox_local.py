@@ -17,6 +17,7 @@ from sweflow.sandbox.build import build_and_record
 from sweflow.sandbox.local import LocalProvider
 from sweflow.sandbox.smoke import smoke
 from sweflow.sandbox.spec import TemplateSpec, template_name
+from tests.fakes.e2b_envd import wait_until
 
 pytestmark = [
     pytest.mark.integration,
@@ -125,8 +126,7 @@ def test_kill_stops_processes_removes_sandbox_and_is_idempotent(local):
 def test_lifetime_timeout_kills_the_sandbox(local):
     provider, template, _ = local
     sb = provider.create(template, timeout=1)
-    time.sleep(2)
-    assert sb.killed and not sb.dir.exists()
+    assert wait_until(lambda: sb.killed and not sb.dir.exists(), timeout=30)
 
 
 def test_concurrent_sandboxes_are_isolated(local):
