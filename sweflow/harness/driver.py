@@ -1,10 +1,8 @@
 """Grading driver shared by the host and the in-sandbox standalone parser program.
 
-This file is imported on the host (``from sweflow.harness.driver import grade``) AND embedded verbatim, as
-text, at the top of the standalone program that runs inside a task sandbox (see ``standalone.py``), so the
-grade a sandbox prints and the grade the host computes come from the same code. Therefore it must:
-import only the standard library, run on Python 3.7+ (sandbox interpreters are old), and define no
-``if __name__ == "__main__"`` block (the generated program appends its own entry point).
+Imported on the host AND embedded verbatim, as text, in the program a task sandbox runs (``standalone.py``),
+so it imports only the standard library, runs on Python 3.7+ and defines no ``if __name__ == "__main__"``
+block; the reasons are in the comment after the imports.
 """
 
 from __future__ import annotations
@@ -13,6 +11,12 @@ import json
 import re
 import sys
 from dataclasses import asdict, dataclass, field
+
+# This file is imported on the host (``from sweflow.harness.driver import grade``) AND embedded verbatim, as
+# text, at the top of the standalone program that runs inside a task sandbox (see ``standalone.py``), so the
+# grade a sandbox prints and the grade the host computes come from the same code. Therefore it must: import
+# only the standard library, run on Python 3.7+ (sandbox interpreters are old), and define no ``if __name__ ==
+# "__main__"`` block (the generated program appends its own entry point).
 
 # A test passes iff its status is one of these (the harness grading rule).
 PASSING_STATUSES = ("PASSED", "XFAIL")
