@@ -1,9 +1,7 @@
 """The `sweflow` command: a small argparse dispatcher over library functions.
 
-Adding a subcommand: write `def _add_<name>(sub)` that calls `sub.add_parser(...)`, adds its arguments and
-`set_defaults(func=<handler>)`, where the handler takes the parsed args and returns an exit code; then append
-it to SUBCOMMANDS. Import heavy modules inside the handler so `sweflow --help` stays fast. Raise SweflowError
-(or a subclass) for user errors: main() prints its one-line message and exits 2, without a traceback.
+Each subcommand is an `_add_<name>(sub)` listed in SUBCOMMANDS; a SweflowError is a user error, printed on
+one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -240,6 +238,9 @@ def _add_slurm_profile(sub: Any) -> None:
     p.set_defaults(func=_cmd_slurm_profile)
 
 
+# Adding a subcommand: write `def _add_<name>(sub)` that calls `sub.add_parser(...)`, adds its arguments and
+# `set_defaults(func=<handler>)`, where the handler takes the parsed args and returns an exit code; then
+# append it to SUBCOMMANDS. Import heavy modules inside the handler so `sweflow --help` stays fast.
 SUBCOMMANDS: list[Callable[[Any], None]] = [
     _add_audit,
     _add_verify,
@@ -259,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Raise SweflowError (or a subclass) for user errors: main() prints its one-line message and exits 2, without
+# a traceback.
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `sweflow` command; returns the exit code (0 ok, 1 check failed, 2 user error)."""
     parser = build_parser()

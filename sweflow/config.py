@@ -2,8 +2,7 @@
 
 The embedded default (config/config.yaml) applies only when no config file is given; a user's files are
 merged in order and are complete on their own (schema defaults fill the rest); `--config` overrides go on
-top either way. Every problem is one ConfigError line naming the file (and line) that set the key, the key
-path and, for an unknown key, the nearest valid one.
+top either way.
 """
 
 from __future__ import annotations
@@ -138,6 +137,8 @@ def _where(origins: Mapping[Path_, str], path: Sequence[Any]) -> str:
 
 
 # ----- checking -----------------------------------------------------------------------------------------
+# Every problem is one ConfigError line naming the file (and line) that set the key, the key path and, for an
+# unknown key, the nearest valid one.
 def check(
     cfg: dict[str, Any], origins: Mapping[Path_, str], sch: dict[str, Any] | None = None
 ) -> dict[str, Any]:

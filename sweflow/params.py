@@ -2,8 +2,7 @@
 
 Snakemake reruns a job when the repr of a param changes, so params carry only what config/keys.yaml calls
 `result`, with keys sorted and integral floats written as integers: a scheduling knob, a resource limit
-or a reordered YAML file plans no job. Jobs read operational values from the config at run time, and
-`operational_values` is what their provenance records.
+or a reordered YAML file plans no job.
 """
 
 from __future__ import annotations
@@ -101,6 +100,8 @@ def result_values(value: Any, path: str) -> Any:
     return canonical(out)
 
 
+# Jobs read operational values from the config at run time, and `operational_values` is what their provenance
+# records.
 def operational_values(value: Any, path: str) -> Any:
     """The operational parts of the config section at `path` (None when it has none), canonical."""
     return canonical(_of_kind(value, path, "operational"))

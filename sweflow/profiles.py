@@ -1,9 +1,8 @@
 """Install the project's Slurm profile as the user's named Snakemake profile `slurm`.
 
-Snakemake finds a named profile (`--profile slurm`) in the working folder, then the user's and the site's
-config folders (platformdirs' `snakemake` app dirs; `$XDG_CONFIG_HOME/snakemake` on Linux), never in
-`profiles/`. `install_slurm_profile` writes profiles/slurm/config.yaml there with the three site values
-(account, CPU partition, GPU partition) filled in, so `snakemake --profile slurm` runs from the repository.
+`install_slurm_profile` writes profiles/slurm/config.yaml into the user's Snakemake config folder with the
+three site values (account, CPU partition, GPU partition) filled in, so `snakemake --profile slurm` runs
+from the repository.
 """
 
 from __future__ import annotations
@@ -22,6 +21,10 @@ MARKS = {"account": "# <- your account", "cpu_partition": "# <- your CPU partiti
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+# Snakemake finds a named profile (`--profile slurm`) in the working folder, then the user's and the site's
+# config folders (platformdirs' `snakemake` app dirs; `$XDG_CONFIG_HOME/snakemake` on Linux), never in
+# `profiles/`. `install_slurm_profile` writes profiles/slurm/config.yaml there with the three site values
+# (account, CPU partition, GPU partition) filled in, so `snakemake --profile slurm` runs from the repository.
 def user_profile_dir(name: str = "slurm") -> Path:
     """Where Snakemake looks for the user's named profile `name`."""
     from platformdirs import AppDirs

@@ -1,13 +1,8 @@
 """Progress of long work: a progress bar on a terminal, plain lines with counts and an ETA elsewhere.
 
-`Progress(total, label)` counts items. On a terminal (the stream is a tty) it draws a tqdm bar; otherwise
-(a rule's log file, a pipe, CI) it writes one plain line per item, or per `every` items, through a logger or
-to the stream:
-
-    convert train: 120/2438 (4.9%) sweflow__calclib-120 ok; 3.1 s elapsed, ETA 59.9 s
-
-Rules use `item_log(total, label, logger)` (plain lines into the rule's log, one per item). The ETA is the
-mean time per item so far times the items left; it is left out until one item is done.
+`Progress(total, label)` counts items: a tqdm bar on a terminal, else one plain line per item (or per
+`every` items) through a logger or to the stream. Rules use `item_log(total, label, logger)` (plain lines
+into the rule's log, one per item).
 """
 
 from __future__ import annotations
@@ -30,6 +25,11 @@ def format_seconds(sec: float) -> str:
     return f"{h} h {rest // 60:02d} m"
 
 
+# `Progress(total, label)` counts items. On a terminal (the stream is a tty) it draws a tqdm bar; otherwise (a
+# rule's log file, a pipe, CI) it writes one plain line per item, or per `every` items, through a logger or to
+# the stream:
+#
+#     convert train: 120/2438 (4.9%) sweflow__calclib-120 ok; 3.1 s elapsed, ETA 59.9 s
 class Progress:
     """Counts `total` items of one piece of work; `update()` after each item, `close()` (or `with`) at the end.
 
@@ -65,6 +65,7 @@ class Progress:
                 total=self.total, desc=label, unit=unit, file=self.stream, leave=True, dynamic_ncols=True
             )
 
+    # The ETA is the mean time per item so far times the items left; it is left out until one item is done.
     def eta(self) -> float | None:
         """Seconds left at the mean pace so far; None before the first item."""
         if not self.done:

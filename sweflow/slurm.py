@@ -1,12 +1,8 @@
 """The Slurm allocation a step runs in, as far as a job can see it.
 
-Snakemake's Slurm executor plugin strips every `SLURM_*` variable but `SLURM_JOB_ID` from a job's
-environment, so everything here is asked of Slurm by job id: the node list and partition from `squeue`,
-each node's address from `scontrol show node` (nodes of a one-machine test cluster share a host but have
-their own names; their NodeAddr is what other processes connect to).
-
-- `current_job()`: {job_id, nodes, partition} of $SLURM_JOB_ID, or None outside Slurm (provenance).
-- `allocation_nodes(job_id)`: the allocation's nodes, each with its address (launchers).
+Everything is asked of Slurm by job id (`squeue`, `scontrol show node`). `current_job()`: {job_id, nodes,
+partition} of $SLURM_JOB_ID, or None outside Slurm (provenance). `allocation_nodes(job_id)`: the
+allocation's nodes, each with its address (launchers).
 """
 
 from __future__ import annotations
@@ -19,6 +15,11 @@ from typing import Any
 
 from .errors import SweflowError
 from .util import log, run_cmd
+
+# Snakemake's Slurm executor plugin strips every `SLURM_*` variable but `SLURM_JOB_ID` from a job's
+# environment, so everything here is asked of Slurm by job id: the node list and partition from `squeue`, each
+# node's address from `scontrol show node` (nodes of a one-machine test cluster share a host but have their
+# own names; their NodeAddr is what other processes connect to).
 
 
 class SlurmError(SweflowError):

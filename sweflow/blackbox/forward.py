@@ -2,11 +2,7 @@
 
 `python -m sweflow.blackbox.forward --listen tcp:127.0.0.1:8080 --connect unix:/run/sweflow/egress.sock`
 accepts on the first endpoint and pipes every connection, both ways, to a fresh connection to the second.
-Sandboxes without a network route the host's calls to their blackbox server (unix -> tcp:127.0.0.1:31000)
-and their calls to the one allowed egress (tcp -> unix) through a socket folder the host shares with them.
-
-Standard library only (it runs on the task image's python). Two threads per connection, at most
-`max_conns` at once (more wait in the listen backlog); the host side reuses `Forwarder` itself.
+Standard library only (it runs on the task image's python).
 """
 
 from __future__ import annotations
@@ -18,6 +14,9 @@ import signal
 import socket
 import sys
 import threading
+
+# Sandboxes without a network route the host's calls to their blackbox server (unix -> tcp:127.0.0.1:31000)
+# and their calls to the one allowed egress (tcp -> unix) through a socket folder the host shares with them.
 
 CHUNK = 65536
 CONNECT_TIMEOUT = 10.0
@@ -95,6 +94,8 @@ def _pump(a: socket.socket, b: socket.socket) -> None:
                 s.close()
 
 
+# Two threads per connection, at most `max_conns` at once (more wait in the listen backlog); the host side
+# reuses `Forwarder` itself.
 class Forwarder:
     """Accept on `listen`, forward each connection to `connect`; `start()` serves in a thread, `close()` stops
     it and drops the live connections (and removes a Unix listening socket)."""

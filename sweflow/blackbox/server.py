@@ -1,17 +1,8 @@
-"""The blackbox HTTP server (JSON over http.server.ThreadingHTTPServer).
+"""The blackbox HTTP server (JSON over http.server.ThreadingHTTPServer). Standard library only.
 
-Routes: GET /health, GET /v1/status, POST /v1/rollout/register, POST /v1/sessions/{id}/messages,
-POST /v1/sessions/{id}/execute_cmd, GET /v1/sessions/{id}[?tail=N&since=I&events=0],
-POST /v1/sessions/{id}/abort, POST /v1/sessions/{id}/close (also DELETE /v1/sessions/{id}).
-Errors are `{"error": {"type", "message", ...}}`. Standard library only.
-
-Authentication: every route but GET /health needs `Authorization: Bearer <token>`, the per-sandbox secret
-(401 without it or with a wrong one, before any routing, so an unauthenticated caller learns nothing).
-The token comes from the constructor, else $SWEFLOW_BLACKBOX_TOKEN (removed from os.environ once read),
-else the file named by $SWEFLOW_BLACKBOX_TOKEN_FILE, else /run/sweflow/blackbox.token; a file is read on
-each request until it holds a token (on E2B it is written after the server started), then removed. With no token
-anywhere every route but /health answers 503. Bodies: a bad or oversized Content-Length is refused at
-once (400/413, connection closed); reads time out after `read_timeout` seconds of silence.
+Routes under /v1 for the status, rollout registration and sessions (messages, execute_cmd, reading, abort,
+close), plus GET /health; every route but GET /health needs the per-sandbox bearer token. The full route
+list sits above `_make_handler`, how the token is found above `TokenSource`.
 """
 
 from __future__ import annotations
@@ -40,6 +31,12 @@ DEFAULT_TOKEN_FILE = "/run/sweflow/blackbox.token"
 READ_TIMEOUT_S = 10.0
 
 
+# Authentication: every route but GET /health needs `Authorization: Bearer <token>`, the per-sandbox secret
+# (401 without it or with a wrong one, before any routing, so an unauthenticated caller learns nothing). The
+# token comes from the constructor, else $SWEFLOW_BLACKBOX_TOKEN (removed from os.environ once read), else the
+# file named by $SWEFLOW_BLACKBOX_TOKEN_FILE, else /run/sweflow/blackbox.token; a file is read on each request
+# until it holds a token (on E2B it is written after the server started), then removed. With no token anywhere
+# every route but /health answers 503.
 class TokenSource:
     """The server's secret: given, or from the environment, or read from a file once it holds one."""
 
@@ -193,6 +190,13 @@ def json_depth_ok(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     return True
 
 
+# Routes: GET /health, GET /v1/status, POST /v1/rollout/register, POST /v1/sessions/{id}/messages,
+# POST /v1/sessions/{id}/execute_cmd, GET /v1/sessions/{id}[?tail=N&since=I&events=0],
+# POST /v1/sessions/{id}/abort, POST /v1/sessions/{id}/close (also DELETE /v1/sessions/{id}).
+# Errors are `{"error": {"type", "message", ...}}`.
+#
+# Bodies: a bad or oversized Content-Length is refused at once (400/413, connection closed); reads time out
+# after `read_timeout` seconds of silence.
 def _make_handler(server: BlackboxServer) -> type[BaseHTTPRequestHandler]:
     manager = server.manager
 

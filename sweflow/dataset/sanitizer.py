@@ -1,16 +1,7 @@
 """The mandatory before-agent git sanitizer: nothing newer than the base commit may stay reachable.
 
-It runs as the row's before_agent command inside the task image, as whatever user the sandbox uses, so:
-- ownership: git refuses a repository owned by another uid ("dubious ownership"). `git -c safe.directory=`
-  is not honoured by the git of Ubuntu 22.04 images (2.34 with the 2.35.2 backport reads it from system or
-  global config only), so the script gives git a private, temporary global config (HOME, XDG_CONFIG_HOME and
-  GIT_CONFIG_GLOBAL point into a temp folder) that trusts exactly the folders it works on; the image's own
-  config is neither read nor written.
-- shallow clones: `.git/shallow` is kept (without it the base's missing parents make every walk fail).
-- linked worktrees are removed with their files (their HEADs, indexes and checkouts hold other commits).
-- submodules are reset to the commit the base records and sanitized the same way; module stores that the
-  base does not use are deleted.
-- alternates (objects borrowed from another repository) are repacked locally and unlinked.
+It runs as the row's before_agent command inside the task image, as whatever user the sandbox uses; how it
+deals with ownership, shallow clones, linked worktrees, submodules and alternates is noted above `_SCRIPT`.
 """
 
 from __future__ import annotations
@@ -22,6 +13,18 @@ SANITIZER_OK = "SWEFLOW_SANITIZER_OK"
 # Exit codes: 3 base not found, 4 HEAD not at the base, 5 tree not clean, 6 refs remain, 7 remotes remain,
 # 8 later commits reachable, 9 unreachable commits remain, 10 the folder is a linked worktree, 11 a linked
 # worktree cannot be removed, 12 worktrees or alternates remain.
+#
+# It runs as the row's before_agent command inside the task image, as whatever user the sandbox uses, so:
+# - ownership: git refuses a repository owned by another uid ("dubious ownership"). `git -c safe.directory=`
+#   is not honoured by the git of Ubuntu 22.04 images (2.34 with the 2.35.2 backport reads it from system or
+#   global config only), so the script gives git a private, temporary global config (HOME, XDG_CONFIG_HOME and
+#   GIT_CONFIG_GLOBAL point into a temp folder) that trusts exactly the folders it works on; the image's own
+#   config is neither read nor written.
+# - shallow clones: `.git/shallow` is kept (without it the base's missing parents make every walk fail).
+# - linked worktrees are removed with their files (their HEADs, indexes and checkouts hold other commits).
+# - submodules are reset to the commit the base records and sanitized the same way; module stores that the
+#   base does not use are deleted.
+# - alternates (objects borrowed from another repository) are repacked locally and unlinked.
 _SCRIPT = r"""set -euo pipefail
 export GIT_TERMINAL_PROMPT=0 GIT_CONFIG_NOSYSTEM=1 GIT_OPTIONAL_LOCKS=0
 home=$(mktemp -d "${TMPDIR:-/tmp}/sweflow-sanitizer.XXXXXX")

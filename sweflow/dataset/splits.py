@@ -1,10 +1,7 @@
 """Split reading and validation (both row shapes: raw SWE-Gym columns or SkyRL rows).
 
-Bad rows: a split is validated as a whole and every problem of every row (missing or mistyped field,
-invalid UTF-8, a problem statement over `dataset.max_problem_statement_chars`, duplicate ids) is collected;
-any problem fails the split with ONE error listing them all (file, row, field, problem, a line each). A row
-that breaks the schema means the file is not what the config says, and dropping it silently would change
-the dataset's identity. A valid row that the harness cannot handle is skipped per row at conversion
+A split is validated as a whole: any bad row fails it with ONE error listing every problem (see above
+`load_split`). A valid row that the harness cannot handle is skipped per row at conversion
 (`sweflow.dataset.convert`), not here.
 """
 
@@ -313,6 +310,11 @@ class SplitReport:
         }
 
 
+# Bad rows: a split is validated as a whole and every problem of every row (missing or mistyped field, invalid
+# UTF-8, a problem statement over `dataset.max_problem_statement_chars`, duplicate ids) is collected; any
+# problem fails the split with ONE error listing them all (file, row, field, problem, a line each). A row that
+# breaks the schema means the file is not what the config says, and dropping it silently would change the
+# dataset's identity.
 def load_split(
     path: str | os.PathLike,
     *,

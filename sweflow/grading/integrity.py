@@ -2,9 +2,7 @@
 
 ``scan_tool_calls`` looks at the agent's tool calls (the dispatcher takes them from the proxy's record,
 ``tool_calls_from_turns``; ``tool_calls_from_stream_json`` reads an agent transcript; or
-``tool_calls_from_messages``). The checks are heuristics over Bash text, tuned to miss little and to leave
-ordinary work alone (reading tests, running pytest, curl to localhost, editing source files).
-``is_test_path`` is the one test-path rule, shared with the patch checks.
+``tool_calls_from_messages``).
 """
 
 from __future__ import annotations
@@ -157,6 +155,7 @@ class Violation:
 
 
 # ----- test paths ---------------------------------------------------------------------------------------
+# ``is_test_path`` is the one test-path rule, shared with the patch checks.
 def is_test_path(path: str, rules: IntegrityRules = DEFAULT_RULES) -> bool:
     """True for paths of tests or test configuration (a ``test``/``tests``/``testing`` part, test files)."""
     norm = posixpath.normpath(str(path).strip().replace("\\", "/"))
@@ -285,6 +284,8 @@ def _package_names(repo: str) -> set[str]:
     return {name, name.replace("-", "_"), name.replace("_", "-")}
 
 
+# The checks are heuristics over Bash text, tuned to miss little and to leave ordinary work alone (reading
+# tests, running pytest, curl to localhost, editing source files).
 def _bash_violations(cmd: str, repo: str, rules: IntegrityRules) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     mentions_repo = any(p.search(cmd) for p in _repo_patterns(repo)) if "/" in repo else False

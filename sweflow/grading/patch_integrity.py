@@ -1,22 +1,8 @@
 """What a patch may not touch: tests, and everything that decides how the tests run.
 
-A reward is only as good as the test run behind it, so a patch is refused (reward 0, a named reason)
-when it edits, beyond files named like tests (``is_test_path``):
-
-- test infrastructure anywhere: ``conftest.py``, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``,
-  ``pytest.ini``/``tox.ini`` (``IntegrityRules.infra_file_globs``);
-- test settings inside shared config files (``setup.cfg``, ``pyproject.toml``, ...): any changed line that
-  names a test-runner setting (``addopts``, ``deselect``, ``-p`` plugins, ``pytest11`` entry points, ...);
-- files the eval script sources, files it installs (``setup.py``/``pyproject.toml``/... when the script
-  runs an install of the repository), and every file of the task's test patch;
-- compiled code anywhere (``*.pyc``, ``__pycache__/``, ``*.so``, ...: ``IntegrityRules.compiled_file_globs``),
-  also where ignore rules hide it (the fresh sandbox's re-check force-adds every ignored file the apply wrote);
-- test data: non-Python files next to (or below) the test files of FAIL_TO_PASS / PASS_TO_PASS tests;
-- code that reaches for the test run itself: added lines matching ``IntegrityRules.tamper_patterns``
-  (``_pytest`` internals, pytest hook names, ``/proc``, forking and killing, fd juggling, ...).
-
-The last check is a heuristic on the text of the patch; the others are exact. ``check_patch_integrity`` is
-the one entry point; ``patch_paths`` lists what a diff touches.
+A reward is only as good as the test run behind it, so a patch that edits tests or test infrastructure is
+refused (reward 0, a named reason); the full list is above ``check_patch_integrity``, the one entry point.
+``patch_paths`` lists what a diff touches.
 """
 
 from __future__ import annotations
@@ -252,6 +238,23 @@ def applied_size_violation(size: int, rules: IntegrityRules = DEFAULT_RULES) -> 
     return None
 
 
+# A reward is only as good as the test run behind it, so a patch is refused (reward 0, a named reason) when it
+# edits, beyond files named like tests (``is_test_path``):
+#
+# - test infrastructure anywhere: ``conftest.py``, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``,
+#   ``pytest.ini``/``tox.ini`` (``IntegrityRules.infra_file_globs``);
+# - test settings inside shared config files (``setup.cfg``, ``pyproject.toml``, ...): any changed line that
+#   names a test-runner setting (``addopts``, ``deselect``, ``-p`` plugins, ``pytest11`` entry points, ...);
+# - files the eval script sources, files it installs (``setup.py``/``pyproject.toml``/... when the script runs
+#   an install of the repository), and every file of the task's test patch;
+# - compiled code anywhere (``*.pyc``, ``__pycache__/``, ``*.so``, ...:
+#   ``IntegrityRules.compiled_file_globs``), also where ignore rules hide it (the fresh sandbox's re-check
+#   force-adds every ignored file the apply wrote);
+# - test data: non-Python files next to (or below) the test files of FAIL_TO_PASS / PASS_TO_PASS tests;
+# - code that reaches for the test run itself: added lines matching ``IntegrityRules.tamper_patterns``
+#   (``_pytest`` internals, pytest hook names, ``/proc``, forking and killing, fd juggling, ...).
+#
+# The last check is a heuristic on the text of the patch; the others are exact.
 def check_patch_integrity(
     patch: str,
     *,
@@ -259,7 +262,7 @@ def check_patch_integrity(
     eval_script: str | None = None,
     rules: IntegrityRules = DEFAULT_RULES,
 ) -> list[PatchViolation]:
-    """Every refused change in ``patch`` (see the module docstring), test files first; [] when clean.
+    """Every refused change in ``patch`` (see the comment above), test files first; [] when clean.
 
     ``metadata`` (a training row's) gives the F2P/P2P test ids; ``eval_script`` (the row's official eval
     script) gives the sourced, installed and test-patch files. Both are optional: without them those

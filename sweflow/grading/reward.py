@@ -1,33 +1,8 @@
 """Turn the evaluator's output (its ``SWEFLOW_REWARD_JSON=`` marker line) into a reward.
 
 Only lines that START with the marker count (a marker text quoted inside a log tail does not), and the
-last such line wins. Reward is 1.0 only for ``resolved: true`` with no failure reason, else 0.0.
-
-The grading rules behind ``resolved`` (``sweflow.harness.driver.grade``), decided against upstream SWE-bench
-and checked on its own test data and SWE-smith's logs (``tests/unit/test_upstream_corpus.py``):
-
-- A test passes iff its parsed status is PASSED or XFAIL; an absent test fails. Resolved iff every
-  FAIL_TO_PASS test passes and every PASS_TO_PASS test passes or is SKIPPED (swebench 5.x: a skip is not a
-  regression). A SKIPPED FAIL_TO_PASS test fails (5.x). Fail-only rows (5.x ``eval_type: fail_only``,
-  parsers that print failures only): a test passes unless reported FAILED or ERROR (stricter than 5.x,
-  which lets ERROR pass), and an empty map is a clean run only with the harness's own evidence that the
-  runner executed tests (5.x ``SUITE_RAN``).
-- Markers: when the harness brackets test output, a log lacking either marker is ``missing_test_markers``
-  (as 4.1 and 5.x refuse it), for every patch kind. When the marked section parses to nothing, the log
-  from the start marker on is read (upstream reads the whole log; stricter: the install output before
-  the marker is printed by the patched code and never counts).
-- Statuses: the harness parser's map, completed by pytest's verbose ``path::test STATUS`` lines for ids
-  the parser lacks (SWE-smith's logs have verbose PASSED lines and a summary of FAILED ones).
-- A test one line reports passing and another FAILED, ERROR or SKIPPED is a contradiction, as is a
-  non-zero test exit code with no failing test (5.x's rule). A duplicate is the SAME passing status line
-  printed twice (progress suffix and spacing aside): the ``-rA`` parsers cut ids at the first space, so
-  several real tests (``test_x[a b]``, ``test_x[a c]``) share one key through different lines, and that
-  is not a forgery. Stricter than upstream, which has no duplicate rule.
-- Truncated ids: an expected id with more ``[`` than ``]`` (cut at a space, kept so in datasets) matches
-  the parsed ids it prefixes when they all agree on pass-or-not, else it fails as ``ambiguous`` (5.x).
-- ``failure_reason`` is a stable code (``FAILURE_REASONS``: the first failing check); ``failure_detail``
-  in the marker payload counts every failure, e.g. ``fail_to_pass_failure: 2 of 3 (a=FAILED, b=absent);
-  pass_to_pass_regression: 71 of 159 (c=ERROR, d=FAILED, e=absent, +68 more)``.
+last such line wins. Reward is 1.0 only for ``resolved: true`` with no failure reason, else 0.0. The
+grading rules behind ``resolved`` are in the comment after the imports.
 """
 
 from __future__ import annotations
@@ -37,6 +12,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweflow.harness.driver import DEFAULT_REWARD_MARKER
+
+# The grading rules behind ``resolved`` (``sweflow.harness.driver.grade``), decided against upstream SWE-bench
+# and checked on its own test data and SWE-smith's logs (``tests/unit/test_upstream_corpus.py``):
+#
+# - A test passes iff its parsed status is PASSED or XFAIL; an absent test fails. Resolved iff every
+#   FAIL_TO_PASS test passes and every PASS_TO_PASS test passes or is SKIPPED (swebench 5.x: a skip is not a
+#   regression). A SKIPPED FAIL_TO_PASS test fails (5.x). Fail-only rows (5.x ``eval_type: fail_only``,
+#   parsers that print failures only): a test passes unless reported FAILED or ERROR (stricter than 5.x, which
+#   lets ERROR pass), and an empty map is a clean run only with the harness's own evidence that the runner
+#   executed tests (5.x ``SUITE_RAN``).
+# - Markers: when the harness brackets test output, a log lacking either marker is ``missing_test_markers``
+#   (as 4.1 and 5.x refuse it), for every patch kind. When the marked section parses to nothing, the log from
+#   the start marker on is read (upstream reads the whole log; stricter: the install output before the marker
+#   is printed by the patched code and never counts).
+# - Statuses: the harness parser's map, completed by pytest's verbose ``path::test STATUS`` lines for ids the
+#   parser lacks (SWE-smith's logs have verbose PASSED lines and a summary of FAILED ones).
+# - A test one line reports passing and another FAILED, ERROR or SKIPPED is a contradiction, as is a non-zero
+#   test exit code with no failing test (5.x's rule). A duplicate is the SAME passing status line printed
+#   twice (progress suffix and spacing aside): the ``-rA`` parsers cut ids at the first space, so several real
+#   tests (``test_x[a b]``, ``test_x[a c]``) share one key through different lines, and that is not a forgery.
+#   Stricter than upstream, which has no duplicate rule.
+# - Truncated ids: an expected id with more ``[`` than ``]`` (cut at a space, kept so in datasets) matches the
+#   parsed ids it prefixes when they all agree on pass-or-not, else it fails as ``ambiguous`` (5.x).
+# - ``failure_reason`` is a stable code (``FAILURE_REASONS``: the first failing check); ``failure_detail`` in
+#   the marker payload counts every failure, e.g. ``fail_to_pass_failure: 2 of 3 (a=FAILED, b=absent);
+#   pass_to_pass_regression: 71 of 159 (c=ERROR, d=FAILED, e=absent, +68 more)``.
 
 MISSING_MARKER = "missing_reward_marker"
 MALFORMED_MARKER = "malformed_reward_marker"

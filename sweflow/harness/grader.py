@@ -1,12 +1,8 @@
 """Grading on the host: the eval script runs in the sandbox, the verdict is computed here.
 
-A training row carries the official eval script inside its after-agent evaluator command (packed with the
-in-sandbox parser, see ``standalone``). For a grade the tested code cannot forge, ``host_eval_command``
-turns that script into a command whose exit status IS the test command's status (the provider records it
-for the process it started) and which holds the whole script in memory before any tested code runs (bash
-reads a script FILE lazily, so code under test could rewrite the lines still to come). The log comes back
-through the provider's own pipe (``Sandbox.run_logged``); ``HostGrader`` parses it with the harness
-package's own log parser, in this process, and grades it with the same driver the sandbox program embeds.
+``host_eval_command`` turns a row's official eval script into a command whose log and exit status the
+tested code cannot forge; ``HostGrader`` parses the log with the harness package's own log parser and
+grades it with the same driver the sandbox program embeds.
 """
 
 from __future__ import annotations
@@ -68,6 +64,11 @@ def host_eval_script(script: str, *, instance_id: str | None = None) -> str:
     return body + f'\nexit "${{{RC_VAR}:-1}}"\n'
 
 
+# A training row carries the official eval script inside its after-agent evaluator command (packed with the
+# in-sandbox parser, see ``standalone``). For a grade the tested code cannot forge, ``host_eval_command``
+# turns that script into a command whose exit status IS the test command's status (the provider records it for
+# the process it started) and which holds the whole script in memory before any tested code runs (bash reads a
+# script FILE lazily, so code under test could rewrite the lines still to come).
 def host_eval_command(timeout_sec: int, *, script_path: str = HOST_SCRIPT) -> str:
     """The command the provider runs: load the script into memory, delete it, run it under ``timeout``.
 
@@ -81,6 +82,9 @@ def host_eval_command(timeout_sec: int, *, script_path: str = HOST_SCRIPT) -> st
     )
 
 
+# The log comes back through the provider's own pipe (``Sandbox.run_logged``); ``HostGrader`` parses it with
+# the harness package's own log parser, in this process, and grades it with the same driver the sandbox
+# program embeds.
 class HostGrader:
     """Parse and grade evaluation logs with one harness package's own log parsers (thread-safe)."""
 

@@ -1,10 +1,8 @@
 """Load the official SWE-bench-style harness package and build eval scripts with it.
 
-Supported layouts: ``swebench`` 4.x (``harness/test_spec/`` is a package), the ``swegym`` fork
-(``harness/test_spec.py`` is a module) and ``swebench`` 5.x (``make_test_spec`` in ``harness/utils.py``
-builds the script from a row's own ``eval_script``; parsers by name in ``PARSER_REGISTRY`` or by repo in
-the per-language ``MAP_REPO_TO_PARSER_*`` tables). Nothing here re-implements the harness: the eval script
-comes from the package's own builders, and ``register_repos`` only adds rows to the package's own tables.
+Supported: ``swebench`` 4.x, the ``swegym`` fork and ``swebench`` 5.x (their layouts: above ``load_harness``).
+Nothing here re-implements the harness: the eval script comes from the package's own builders, and
+``register_repos`` only adds rows to the package's own tables.
 """
 
 from __future__ import annotations
@@ -306,6 +304,10 @@ def instrument_exit_code(commands: list[str], start: str | None, end: str | None
     raise HarnessError(f"cannot find the test command {test_cmd!r} in the eval script", field="test_cmd")
 
 
+# Supported layouts: ``swebench`` 4.x (``harness/test_spec/`` is a package), the ``swegym`` fork
+# (``harness/test_spec.py`` is a module) and ``swebench`` 5.x (``make_test_spec`` in ``harness/utils.py``
+# builds the script from a row's own ``eval_script``; parsers by name in ``PARSER_REGISTRY`` or by repo in the
+# per-language ``MAP_REPO_TO_PARSER_*`` tables).
 def load_harness(package: str = "swebench") -> Harness:
     """Import ``<package>.harness`` (swebench 4.x or the swegym fork) and return its handles.
 

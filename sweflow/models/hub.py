@@ -1,9 +1,7 @@
 """A model repository on the Hub -> a checked local folder: resolve the revision, download the snapshot, check it.
 
-`download_model` runs the real `huggingface_hub.snapshot_download` at an exact commit sha into a temporary
-folder beside the destination, with retries, checks the result (`check_model_dir`), removes the `.cache/`
-folder that `snapshot_download(local_dir=...)` leaves there (its download metadata, not part of the model), and
-only then renames it into place: the destination is either the complete snapshot or absent. Every failure is
+`download_model` downloads at an exact commit sha and renames the checked folder into place: the
+destination is either the complete snapshot or absent. Every failure is
 one `ModelError` line naming the repository, the revision and the config field (`train.model.*`).
 """
 
@@ -74,6 +72,10 @@ def resolve_model(
     }
 
 
+# `download_model` runs the real `huggingface_hub.snapshot_download` at an exact commit sha into a temporary
+# folder beside the destination, with retries, checks the result (`check_model_dir`), removes the `.cache/`
+# folder that `snapshot_download(local_dir=...)` leaves there (its download metadata, not part of the model),
+# and only then renames it into place: the destination is either the complete snapshot or absent.
 def download_model(
     repo_id: str,
     sha: str,

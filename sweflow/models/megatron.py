@@ -1,23 +1,8 @@
 """Hugging Face weights -> a Megatron distributed (`torch_dist`) checkpoint, for verl's Megatron engine.
 
-Three real converters, each run under torchrun (one process per GPU) by this module's entry point
-(`python -m torch.distributed.run ... -m sweflow.models.megatron --converter NAME ...`):
-
-- `mbridge`: the mbridge package (verl's `vanilla_mbridge` backend): `AutoBridge.from_pretrained(hf)`,
-  `get_model()`, `load_weights()`, then `megatron.core.dist_checkpointing.save` -> `.metadata` + `*.distcp`
-  directly in the output folder.
-- `megatron-bridge`: NVIDIA Megatron-Bridge (verl's default `use_mbridge` backend):
-  `AutoBridge.from_hf_pretrained(hf).to_megatron_provider(load_weights=True)`, then `save_megatron_model` ->
-  `latest_checkpointed_iteration.txt` + `iter_0000000/` holding `.metadata` + `*.distcp`.
-- `verl`: verl's own converter, shipped in the verl wheel as the top-level module
-  `scripts.converter_hf_to_mcore` (`convert_hf_to_mcore(hf, out, pp_size=...)`); flat layout like mbridge.
-  It always converts with TP=1 and, for dense models, on one process only.
-
-A torch_dist checkpoint is resharded when loaded, so the conversion's TP/PP need not match the training's;
-`checkpoint_layout` finds the folder that holds it (verl's `actor.megatron.dist_checkpointing_path`).
-`run_megatron_convert` writes into a temporary folder beside the destination and renames it into place after
-checking that layout. All of it needs the GPU environment (envs/train-verl.yaml: torch with CUDA, megatron-core,
-transformer-engine, mbridge / megatron-bridge); elsewhere it fails with one line saying so.
+Three real converters (`mbridge`, `megatron-bridge`, `verl`: see above CONVERTERS), each run under torchrun
+by this module's entry point. All of it needs the GPU environment (envs/train-verl.yaml); elsewhere it
+fails with one line saying so.
 """
 
 from __future__ import annotations
@@ -35,6 +20,18 @@ from ..errors import ConfigError
 from ..util import replace_folder, run_cmd
 from .hub import ModelError
 
+# Three real converters, each run under torchrun (one process per GPU) by this module's entry point (`python
+# -m torch.distributed.run ... -m sweflow.models.megatron --converter NAME ...`):
+#
+# - `mbridge`: the mbridge package (verl's `vanilla_mbridge` backend): `AutoBridge.from_pretrained(hf)`,
+#   `get_model()`, `load_weights()`, then `megatron.core.dist_checkpointing.save` -> `.metadata` + `*.distcp`
+#   directly in the output folder.
+# - `megatron-bridge`: NVIDIA Megatron-Bridge (verl's default `use_mbridge` backend):
+#   `AutoBridge.from_hf_pretrained(hf).to_megatron_provider(load_weights=True)`, then `save_megatron_model` ->
+#   `latest_checkpointed_iteration.txt` + `iter_0000000/` holding `.metadata` + `*.distcp`.
+# - `verl`: verl's own converter, shipped in the verl wheel as the top-level module
+#   `scripts.converter_hf_to_mcore` (`convert_hf_to_mcore(hf, out, pp_size=...)`); flat layout like mbridge.
+#   It always converts with TP=1 and, for dense models, on one process only.
 CONVERTERS = ("mbridge", "megatron-bridge", "verl")
 # What each converter imports (checked before the run, in the interpreter that will run it).
 CONVERTER_MODULES = {
@@ -42,6 +39,8 @@ CONVERTER_MODULES = {
     "megatron-bridge": ("megatron.core", "megatron.bridge"),
     "verl": ("megatron.core", "scripts.converter_hf_to_mcore"),
 }
+# All of it needs the GPU environment (envs/train-verl.yaml: torch with CUDA, megatron-core,
+# transformer-engine, mbridge / megatron-bridge); elsewhere it fails with one line saying so.
 GPU_ENV = "envs/train-verl.yaml"
 ENTRY_MODULE = "sweflow.models.megatron"
 ITERATION_FILE = "latest_checkpointed_iteration.txt"
@@ -134,6 +133,8 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+# A torch_dist checkpoint is resharded when loaded, so the conversion's TP/PP need not match the training's;
+# `checkpoint_layout` finds the folder that holds it (verl's `actor.megatron.dist_checkpointing_path`).
 def checkpoint_layout(path: str | os.PathLike) -> dict[str, Any]:
     """{"format": "torch_dist", "load_path": folder with `.metadata`, "iteration": int | None, "shards": n}.
 
@@ -165,6 +166,8 @@ def checkpoint_layout(path: str | os.PathLike) -> dict[str, Any]:
     return {"format": "torch_dist", "load_path": str(folder), "iteration": iteration, "shards": len(shards)}
 
 
+# `run_megatron_convert` writes into a temporary folder beside the destination and renames it into place after
+# checking that layout.
 def run_megatron_convert(
     hf_dir: str | os.PathLike,
     out_dir: str | os.PathLike,

@@ -1,23 +1,7 @@
 """Qwen/Qwen3.5-4B as megatron-core configures it, at the recipe's TP 2 x CP 4 with sequence parallelism.
 
-The production model is a hybrid: three Gated DeltaNet (GDN, linear attention) layers then one gated full
-attention layer, eight times. megatron-core describes that with one `TransformerConfig`:
-`experimental_attention_variant="gated_delta_net"` plus `linear_attention_freq=4` (layer i, 0-based, is full
-attention when (i + 1) % 4 == 0, else GDN) and the `linear_*` GDN sizes. That is what Megatron-Bridge's
-Qwen3.5 providers and mbridge's Qwen3.5 bridge build from the Hugging Face config, and what verl's Megatron
-actor trains.
-
-Context parallelism is where megatron-core versions differ (see `gdn_cp_problem`):
-- up to 0.17.x, `TransformerConfig.__post_init__` refuses GDN with `context_parallel_size > 1` ("Gated delta
-  net does not support context parallel for now");
-- 0.18.x has GDN CP (NVIDIA/Megatron-LM#2642), but `GatedDeltaNet.__init__` does not take the `cp_comm_type`
-  keyword that `TransformerLayer` passes whenever CP > 1 and `cp_comm_type` is set, so building the layer raises
-  TypeError (#4374 proposed the fix and was closed; it landed with #5843);
-- 0.19.0 has both.
-
-Everything here runs on CPU and needs no torch.distributed: the config's own validation is where the CP
-refusal lives, and the cp_comm_type contract is checked by binding the keywords to GatedDeltaNet's signature
-(building the layer itself needs CUDA, Transformer Engine and flash-linear-attention).
+A hybrid of Gated DeltaNet (GDN) and full attention layers (see above `Qwen35Arch`); megatron-core
+versions differ in GDN context parallelism (`gdn_cp_problem`). All of it runs on CPU, no torch.distributed.
 Run `python -m sweflow.models.megatron_qwen35` in the GPU environment to check its megatron-core.
 """
 
@@ -34,12 +18,30 @@ from typing import Any
 from .hub import ModelError
 from .megatron import GPU_ENV
 
+# Everything here runs on CPU and needs no torch.distributed: the config's own validation is where the CP
+# refusal lives, and the cp_comm_type contract is checked by binding the keywords to GatedDeltaNet's signature
+# (building the layer itself needs CUDA, Transformer Engine and flash-linear-attention).
+
+# Context parallelism is where megatron-core versions differ (see `gdn_cp_problem`):
+# - up to 0.17.x, `TransformerConfig.__post_init__` refuses GDN with `context_parallel_size > 1` ("Gated delta
+#   net does not support context parallel for now");
+# - 0.18.x has GDN CP (NVIDIA/Megatron-LM#2642), but `GatedDeltaNet.__init__` does not take the `cp_comm_type`
+#   keyword that `TransformerLayer` passes whenever CP > 1 and `cp_comm_type` is set, so building the layer
+#   raises TypeError (#4374 proposed the fix and was closed; it landed with #5843);
+# - 0.19.0 has both.
+#
 # The first megatron-core release with GDN context parallelism, and the first whose GatedDeltaNet also takes
 # TransformerLayer's cp_comm_type keyword (git: core_v0.18.0 holds #2642; #5843 first in core_v0.19.0).
 GDN_CP_SINCE = (0, 18, 0)
 GDN_CP_COMM_TYPE_SINCE = (0, 19, 0)
 
 
+# The production model is a hybrid: three Gated DeltaNet (GDN, linear attention) layers then one gated full
+# attention layer, eight times. megatron-core describes that with one `TransformerConfig`:
+# `experimental_attention_variant="gated_delta_net"` plus `linear_attention_freq=4` (layer i, 0-based, is full
+# attention when (i + 1) % 4 == 0, else GDN) and the `linear_*` GDN sizes. That is what Megatron-Bridge's
+# Qwen3.5 providers and mbridge's Qwen3.5 bridge build from the Hugging Face config, and what verl's Megatron
+# actor trains.
 @dataclass(frozen=True)
 class Qwen35Arch:
     """The text model's published sizes (Qwen/Qwen3.5-4B; transformers' Qwen3_5TextConfig defaults differ)."""

@@ -2,8 +2,7 @@
 
 A record says what an artifact is (sha256, size), how it was made (rule, wildcards, redacted params, the
 hash of every input and of the code, software versions), which dataset commit it descends from, and when
-and where it was made. Paths inside records are relative to the root (the Snakemake working directory), so
-a results tree can be moved or copied and still verify.
+and where it was made.
 """
 
 from __future__ import annotations
@@ -41,6 +40,8 @@ def provenance_root(root: str | os.PathLike | None = None) -> Path:
     return Path(env).resolve() if env else Path.cwd().resolve()
 
 
+# Paths inside records are relative to the root (the Snakemake working directory), so a results tree can be
+# moved or copied and still verify.
 def relpath(path: str | os.PathLike, root: Path) -> str:
     """`path` relative to `root` (posix); outside the root: absolute, with the home folder written as `~`."""
     p = Path(os.path.abspath(Path(path).expanduser()))

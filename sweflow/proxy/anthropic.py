@@ -3,7 +3,6 @@
 Pure data in, data out: the server validates a request with `parse_request`, renders
 `to_chat_messages`/`to_chat_tools` through the tokenizer's chat template, and turns the decoded model
 output back into a Messages response with `build_message` (JSON) or `sse_events` (stream).
-Validation failures raise `RequestError`, which the server maps to a 400 `invalid_request_error`.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ _ALPHABET = string.ascii_letters + string.digits
 TEXT_CHUNK_CHARS = 64  # size of text_delta pieces in a stream; purely cosmetic for the client
 
 
+# Validation failures raise `RequestError`, which the server maps to a 400 `invalid_request_error`.
 class RequestError(ProxyError):
     """The request body is not a valid Messages request (HTTP 400)."""
 

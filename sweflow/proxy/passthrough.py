@@ -1,28 +1,8 @@
 """Pass-through mode: the proxy forwards an agent's Messages requests to a real Anthropic-compatible endpoint.
 
-Expert trajectories (SWE-smith's recipe) come from a strong model, not from the policy being trained. The
-agent in its sandbox still talks to the proxy only, with its session token; the proxy forwards each request
-to `Upstream.base_url` with the key read from the environment variable `api_key_env` (in this process's
-memory only: never written, never logged, never sent into a sandbox) and records the full request and
-response messages of every turn (`Turn.request` / `Turn.response`), which is what trajectories are made of.
-
-Forwarding rules:
-- the body goes as the agent sent it, except: `stream` false (the proxy answers a streaming client with the
-  same event sequence it uses for its own engines), `model` replaced when `model` is set, and
-  `metadata.user_id` set to the proxy session id (an opaque identifier the API documents for this);
-- only the Messages fields of `FORWARDED_FIELDS` and custom tools go upstream (no server tools, MCP servers
-  or containers: the sandbox's only way out is the conversation itself); an answer using a server-side tool
-  is refused; of the content blocks only text, tool use/result and thinking go (`FORWARDED_BLOCKS`): a
-  document or image block, which may name a URL for the upstream to fetch, becomes a text note;
-- `anthropic-version` and `anthropic-beta` headers pass through (Claude Code's features need them), minus
-  the betas that reach outside the conversation or change the price;
-- 429, 5xx and connection failures are retried `attempts` times with backoff; a read timeout is not (the
-  generation may be billed already); the final failure is an HTTP error to the agent (the rollout then
-  aborts as `proxy_error`, never a verdict about the task); redirects are never followed; an http://
-  endpoint must be on this machine;
-- `count_tokens` is answered here with an estimate (no upstream request);
-- any text coming back from the upstream, error or answer, is scrubbed of the key before it is cut, logged
-  or returned: the raw body, and every string once decoded (a JSON-escaped echo of the key).
+Expert trajectories (SWE-smith's recipe) come from a strong model. The agent still talks to the proxy only;
+the proxy forwards each request with a key only it holds and records every turn's request and response.
+What goes upstream and how is noted next to each piece (`FORWARDED_FIELDS`, `Upstream._post`, ...).
 """
 
 from __future__ import annotations
@@ -43,13 +23,20 @@ from sweflow.schema import default
 
 log = logging.getLogger("sweflow.proxy")
 
+# Forwarding rule: `anthropic-version` and `anthropic-beta` headers pass through (Claude Code's features need
+# them), minus the betas that reach outside the conversation or change the price.
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
 DEFAULT_VERSION = "2023-06-01"
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 
 
+# Expert trajectories (SWE-smith's recipe) come from a strong model, not from the policy being trained. The
+# agent in its sandbox still talks to the proxy only, with its session token; the proxy forwards each request
+# to `Upstream.base_url` with the key read from the environment variable `api_key_env` (in this process's
+# memory only: never written, never logged, never sent into a sandbox) and records the full request and
+# response messages of every turn (`Turn.request` / `Turn.response`), which is what trajectories are made of.
 class Upstream:
-    """An Anthropic Messages endpoint the proxy forwards to (see the module docstring)."""
+    """An Anthropic Messages endpoint the proxy forwards to (see the comments above it and its methods)."""
 
     passthrough = True
 
@@ -88,6 +75,9 @@ class Upstream:
     def __repr__(self) -> str:  # never the key
         return f"Upstream({self.base_url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
 
+    # Forwarding rule: any text coming back from the upstream, error or answer, is scrubbed of the key before
+    # it is cut, logged or returned: the raw body, and every string once decoded (a JSON-escaped echo of the
+    # key).
     def scrub(self, text: str) -> str:
         return text.replace(self._key, "[REDACTED]") if self._key else text
 
@@ -104,6 +94,10 @@ class Upstream:
             headers["x-api-key"] = self._key
         return headers
 
+    # Forwarding rule: 429, 5xx and connection failures are retried `attempts` times with backoff; a read
+    # timeout is not (the generation may be billed already); the final failure is an HTTP error to the agent
+    # (the rollout then aborts as `proxy_error`, never a verdict about the task); redirects are never
+    # followed; an http:// endpoint must be on this machine.
     def _post(self, path: str, body: dict, incoming: Mapping[str, str] | None) -> dict:
         data = json.dumps(body, ensure_ascii=False).encode()
         last = "no attempt"
@@ -139,6 +133,10 @@ class Upstream:
             log.warning("upstream attempt %d/%d failed: %s", attempt + 1, self.attempts, last)
         raise HttpError(502, "api_error", last)
 
+    # Forwarding rule: the body goes as the agent sent it, except: `stream` false (the proxy answers a
+    # streaming client with the same event sequence it uses for its own engines), `model` replaced when
+    # `model` is set, and `metadata.user_id` set to the proxy session id (an opaque identifier the API
+    # documents for this).
     def forward_body(self, body: dict, session_id: str) -> dict:
         """What goes upstream: the allowed fields only, custom tools only (server tools, MCP servers and
         containers would give the sandbox a way to the internet that the integrity scan never sees)."""
@@ -193,12 +191,19 @@ class Upstream:
         }
         return message
 
+    # Forwarding rule: `count_tokens` is answered here with an estimate (no upstream request).
     def count_tokens(self, body: dict, headers: Mapping[str, str] | None = None) -> dict:
         """An estimate made here (about 4 characters a token): a count upstream would be one more request
         the sandbox could make on the key's account, outside the session's request cap."""
         return {"input_tokens": len(json.dumps(body, ensure_ascii=False)) // 4}
 
 
+# Forwarding rule: only the Messages fields of `FORWARDED_FIELDS` and custom tools go upstream (no server
+# tools, MCP servers or containers: the sandbox's only way out is the conversation itself); an answer using a
+# server-side tool is refused; of the content blocks only text, tool use/result and thinking go
+# (`FORWARDED_BLOCKS`): a document or image block, which may name a URL for the upstream to fetch, becomes a
+# text note.
+#
 # The Messages fields pass-through forwards (anything else, e.g. mcp_servers, container, context_management,
 # service_tier, is dropped).
 FORWARDED_FIELDS = frozenset(

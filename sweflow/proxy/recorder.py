@@ -1,21 +1,8 @@
 """Per-session turn records and their linearisation into training samples.
 
-A turn is one engine call: prompt ids, output ids, output logprobs, finish reason, timings. An agent's
-turns usually extend each other (turn k's prompt = turn k-1's prompt + output + new tool results), so
-`linearize` folds them into as few samples as possible:
-
-- append: the new prompt starts with the sample so far -> the new prompt tokens get loss mask 0, the
-  output tokens mask 1 with their logprobs (masked tokens carry logprob 0);
-- drift: the prompt matches the sample except for at most `max_drift_tokens` trailing tokens of it (the
-  chat template re-tokenised the previous output, dropped a stop token, ...), the mismatch lies after the
-  sample's first prompt and the new prompt is at least as long as the sample -> the sample is cut back to
-  the common prefix and continues from the new prompt, so the differing tokens are masked prompt tokens;
-- divergence: anything else (context compaction, a sub-agent, a retry) starts a new sample.
-Aborted turns (the client never saw the answer) are skipped unless asked for.
-
-With token-in/token-out (sweflow.proxy.tito) every turn names its lineage: turns are folded per lineage
-(each lineage's prompts extend each other exactly, so a lineage is one sample and drift never applies) and
-the samples are ordered by their first turn; each sample says its lineage and why the lineage started.
+A turn is one engine call: prompt ids, output ids, output logprobs, finish reason, timings. `linearize`
+folds a session's turns into as few samples as possible (append, drift or divergence: see above `_fold`);
+with token-in/token-out (sweflow.proxy.tito) it folds them per lineage.
 """
 
 from __future__ import annotations
@@ -117,6 +104,11 @@ class _Builder:
         }
 
 
+# Aborted turns (the client never saw the answer) are skipped unless asked for.
+#
+# With token-in/token-out (sweflow.proxy.tito) every turn names its lineage: turns are folded per lineage
+# (each lineage's prompts extend each other exactly, so a lineage is one sample and drift never applies) and
+# the samples are ordered by their first turn; each sample says its lineage and why the lineage started.
 def linearize(turns: list[Turn], config: LinearizeConfig | None = None) -> list[dict[str, Any]]:
     """Fold turns (taken in index order) into samples.
 
@@ -138,6 +130,17 @@ def linearize(turns: list[Turn], config: LinearizeConfig | None = None) -> list[
     return [s.to_dict() for s in samples]
 
 
+# A turn is one engine call: prompt ids, output ids, output logprobs, finish reason, timings. An agent's turns
+# usually extend each other (turn k's prompt = turn k-1's prompt + output + new tool results), so `linearize`
+# folds them into as few samples as possible:
+#
+# - append: the new prompt starts with the sample so far -> the new prompt tokens get loss mask 0, the output
+#   tokens mask 1 with their logprobs (masked tokens carry logprob 0);
+# - drift: the prompt matches the sample except for at most `max_drift_tokens` trailing tokens of it (the chat
+#   template re-tokenised the previous output, dropped a stop token, ...), the mismatch lies after the
+#   sample's first prompt and the new prompt is at least as long as the sample -> the sample is cut back to
+#   the common prefix and continues from the new prompt, so the differing tokens are masked prompt tokens;
+# - divergence: anything else (context compaction, a sub-agent, a retry) starts a new sample.
 def _fold(turns: list[Turn], cfg: LinearizeConfig) -> list[_Builder]:
     samples: list[_Builder] = []
     current: _Builder | None = None

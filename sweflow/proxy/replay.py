@@ -1,13 +1,8 @@
 """Replay a recorded agent session through the proxy: how a token-building mode folds it into samples.
 
-A recorded session (`tests/fixtures/sessions/*.json.gz`: every request the agent sent and every response it
-got, as Messages) is played call by call through an in-process `ProxyServer` whose engine answers call k
-with the recorded response k written the way the model family writes it (optional reasoning closed by
-`</think>`, text, Qwen3-coder XML tool calls, the stop token). The agent's side is replayed as recorded,
-with what it echoes of the proxy's answers replaced by what this proxy answered (fresh tool-call ids, the
-reasoning text), so its own quirks (re-serialised tool inputs, mid-list system messages, history edits)
-stay in. What comes out: samples per session, drift realignments, why each lineage started, whether every
-call of a lineage starts with the previous call's exact prompt + output, and the proxy's time per call.
+A recorded session (`tests/fixtures/sessions/*.json.gz`) is played call by call through an in-process
+`ProxyServer` whose engine answers with the recorded responses; out come the samples per session, drift
+realignments, lineage reasons, exact-extension checks and the proxy's time per call.
 """
 
 from __future__ import annotations
@@ -24,6 +19,10 @@ from sweflow.proxy.server import ProxyConfig, ProxyServer
 from sweflow.proxy.toolcalls import format_qwen_xml
 
 
+# A recorded session (`tests/fixtures/sessions/*.json.gz`: every request the agent sent and every response it
+# got, as Messages) is played call by call through an in-process `ProxyServer` whose engine answers call k
+# with the recorded response k written the way the model family writes it (optional reasoning closed by
+# `</think>`, text, Qwen3-coder XML tool calls, the stop token).
 class ReplayEngine:
     """Answers each call with the next of a list of output id lists (logprob -0.5 per token)."""
 
@@ -63,6 +62,9 @@ def output_text(response: dict, reasoning: str = "", tokenizer: Any = None, stop
     return (f"{reasoning}\n</think>\n\n" if reasoning else "") + body
 
 
+# The agent's side is replayed as recorded, with what it echoes of the proxy's answers replaced by what this
+# proxy answered (fresh tool-call ids, the reasoning text), so its own quirks (re-serialised tool inputs,
+# mid-list system messages, history edits) stay in.
 def _echoed(request: dict, ids: dict[str, str], answers: dict[Any, tuple[str, list[dict]]]) -> dict:
     """The recorded request with the agent's echo of earlier answers replaced by this proxy's answers: each
     assistant message the agent sent for a recorded response (known by its tool-call ids, or by its text
@@ -182,6 +184,8 @@ def exact_extension(turns: Sequence[dict]) -> bool:
     return True
 
 
+# What comes out: samples per session, drift realignments, why each lineage started, whether every call of a
+# lineage starts with the previous call's exact prompt + output, and the proxy's time per call.
 def session_figures(traj: dict[str, Any], call_s: Sequence[float] = ()) -> dict[str, Any]:
     """The figures of one replayed (or live) session's trajectory."""
     samples, turns = traj["samples"], traj["turns"]

@@ -1,31 +1,8 @@
 """Token-in/token-out: each call's prompt is the previous call's exact ids plus the appended messages only.
 
-Re-rendering the whole conversation on every call replaces the model's own output tokens with a
-re-tokenisation of what the agent sent back, and with some templates (Qwen3.5 drops an earlier turn's
-`<think>` block once a user message follows, booleans re-render as Python text) a call's prompt no longer
-extends the previous one, so a session falls apart into many samples. Here a session holds *lineages*:
-
-- a lineage is the exact token ids of its last call (prompt + output) and the chat messages that call was
-  built from;
-- a request that repeats a lineage's messages, then the assistant message the proxy answered (as the agent
-  echoes it: its tool calls restored to what the model wrote), then only tool results / user messages,
-  extends it: prompt = lineage ids + the bridge the template puts after an assistant message's stop token
-  (`<|im_end|>` -> `\\n`) + the tokens of the appended messages alone;
-- anything else (the first call, a compaction, an edited earlier message, other system prompt or tools, a
-  sub-agent's own conversation) starts a new lineage, rendered whole through the tokenizer's template.
-
-The appended messages are tokenised as a rendered-suffix diff: render a fixed dummy prefix (a user message
-and an assistant message whose tool calls carry the appended results' ids), render it again with the
-appended messages and the generation prompt, tokenize only the difference. That needs a template that does
-not re-render earlier messages when some are appended; per model family:
-
-- ``qwen3_5``: TRL's prefix-preserving Qwen3.5 template (`trl/chat_templates/qwen3_5_think_training.jinja`,
-  thinking kept in every assistant turn), the recipe's `TOKEN_BUILD_MODEL=qwen3_5`;
-- ``generic``: the tokenizer's own template, checked on each diff (a template that is not
-  prefix-preserving for the dummy makes the call start a new lineage, counted as ``suffix_not_prefix``).
-
-The cost of a call is the cost of converting its messages to chat form and comparing them with the
-lineage's (no tokenisation of the history), so it does not grow with the prompt's token count.
+A session holds *lineages* (`LineageBook`): a request that extends a lineage's last call gets that call's
+ids plus the tokens of the appended messages alone, tokenised as a rendered-suffix diff (`SuffixRenderer`);
+anything else starts a new lineage. A call's cost does not grow with the prompt's token count.
 """
 
 from __future__ import annotations
@@ -34,6 +11,11 @@ import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
+
+# Re-rendering the whole conversation on every call replaces the model's own output tokens with a
+# re-tokenisation of what the agent sent back, and with some templates (Qwen3.5 drops an earlier turn's
+# `<think>` block once a user message follows, booleans re-render as Python text) a call's prompt no longer
+# extends the previous one, so a session falls apart into many samples.
 
 FAMILIES = ("auto", "qwen3_5", "generic")
 MODES = ("tito", "render")
@@ -76,6 +58,12 @@ def detect_family(tokenizer: Any) -> str:
     return "generic"
 
 
+# That needs a template that does not re-render earlier messages when some are appended; per model family:
+#
+# - ``qwen3_5``: TRL's prefix-preserving Qwen3.5 template (`trl/chat_templates/qwen3_5_think_training.jinja`,
+#   thinking kept in every assistant turn), the recipe's `TOKEN_BUILD_MODEL=qwen3_5`;
+# - ``generic``: the tokenizer's own template, checked on each diff (a template that is not prefix-preserving
+#   for the dummy makes the call start a new lineage, counted as ``suffix_not_prefix``).
 def suffix_template(family: str, tokenizer: Any) -> str | None:
     """The template appended messages are rendered with (None: the tokenizer's own)."""
     if family == "auto":
@@ -89,6 +77,9 @@ def suffix_template(family: str, tokenizer: Any) -> str | None:
     raise ValueError(f"token_build_model must be one of {', '.join(FAMILIES)}, not {family!r}")
 
 
+# The appended messages are tokenised as a rendered-suffix diff: render a fixed dummy prefix (a user message
+# and an assistant message whose tool calls carry the appended results' ids), render it again with the
+# appended messages and the generation prompt, tokenize only the difference.
 class SuffixRenderer:
     """Appended chat messages -> the text the template adds for them after an answered assistant turn."""
 
@@ -153,6 +144,16 @@ class SuffixRenderer:
         return self._bridge_cache[key]
 
 
+# Here a session holds *lineages*:
+#
+# - a lineage is the exact token ids of its last call (prompt + output) and the chat messages that call was
+#   built from;
+# - a request that repeats a lineage's messages, then the assistant message the proxy answered (as the agent
+#   echoes it: its tool calls restored to what the model wrote), then only tool results / user messages,
+#   extends it: prompt = lineage ids + the bridge the template puts after an assistant message's stop token
+#   (`<|im_end|>` -> `\n`) + the tokens of the appended messages alone;
+# - anything else (the first call, a compaction, an edited earlier message, other system prompt or tools, a
+#   sub-agent's own conversation) starts a new lineage, rendered whole through the tokenizer's template.
 @dataclass
 class Lineage:
     """One exact token history of a session."""
@@ -208,6 +209,8 @@ def _same_answer(echoed: dict, answer: dict) -> bool:
     }
 
 
+# The cost of a call is the cost of converting its messages to chat form and comparing them with the lineage's
+# (no tokenisation of the history), so it does not grow with the prompt's token count.
 class LineageBook:
     """The lineages of one session; thread-safe."""
 

@@ -1,14 +1,8 @@
 """Tokenisation that one huge prompt cannot turn into a proxy-wide stall.
 
-`TokenizerPool` hands out private copies of the tokenizer (fast tokenizers are not safe to share between
-threads), so a long encode holds one copy, never a proxy-wide lock; transformers' fast encode releases the
-GIL while the Rust code runs. `encode_limited` refuses a prompt over `limit` tokens with bounded work:
-1. a sound lower bound first, without tokenising: each token covers at most `max_token_bytes` bytes of
-   text, so more than `limit * max_token_bytes` bytes is certainly too long;
-2. a text of more than `limit` bytes might be too long: it is counted in chunks of `CHUNK_CHARS`, stopping
-   as soon as the running count passes the limit (plus `CHUNK_SLACK` tokens per chunk boundary, what a
-   cut can change), so a 10 MB prompt costs about `limit` tokens of work before it is refused;
-3. only then the whole text is encoded (the ids the engine gets) and its exact length checked.
+`TokenizerPool` hands out private copies of the tokenizer, so a long encode holds one copy, never a
+proxy-wide lock; a prompt over `limit` tokens is refused with bounded work (the three steps are above
+`TokenizerPool.encode`).
 """
 
 from __future__ import annotations
@@ -60,6 +54,9 @@ def _chunks(text: str, size: int) -> Iterator[str]:
         start = end
 
 
+# `TokenizerPool` hands out private copies of the tokenizer (fast tokenizers are not safe to share between
+# threads), so a long encode holds one copy, never a proxy-wide lock; transformers' fast encode releases the
+# GIL while the Rust code runs.
 class TokenizerPool:
     """Up to `size` private copies of a tokenizer, made on demand; `with pool.get() as tok:`."""
 
@@ -96,8 +93,15 @@ class TokenizerPool:
                 self._free.append(tok)
                 self._cond.notify()
 
+    # `encode_limited` refuses a prompt over `limit` tokens with bounded work:
+    # 1. a sound lower bound first, without tokenising: each token covers at most `max_token_bytes` bytes of
+    #   text, so more than `limit * max_token_bytes` bytes is certainly too long;
+    # 2. a text of more than `limit` bytes might be too long: it is counted in chunks of `CHUNK_CHARS`,
+    #   stopping as soon as the running count passes the limit (plus `CHUNK_SLACK` tokens per chunk boundary,
+    #   what a cut can change), so a 10 MB prompt costs about `limit` tokens of work before it is refused;
+    # 3. only then the whole text is encoded (the ids the engine gets) and its exact length checked.
     def encode(self, text: str, limit: int | None = None) -> list[int]:
-        """`text` -> token ids (no special tokens added); PromptTooLong past `limit` (see the module doc)."""
+        """`text` -> token ids (no special tokens added); PromptTooLong past `limit` (comment above)."""
         with self.get() as tok:
             if limit is None:
                 return list(tok.encode(text, add_special_tokens=False))

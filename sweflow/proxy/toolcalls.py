@@ -1,10 +1,8 @@
 """Tool-call parsing for model output text: Qwen3-coder XML and Hermes JSON, plus renderers for scripts.
 
-Qwen3-coder:  <tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>
-Hermes:       <tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>
-
-`parse_tool_calls` accepts both in one output. A block that cannot be parsed is left in the text (so the
-agent sees what the model wrote) and reported in `errors`; it never raises.
+`parse_tool_calls` accepts both in one output (the two forms are shown above `TOOL_CALL_RE`). A block
+that cannot be parsed is left in the text (so the agent sees what the model wrote) and reported in
+`errors`; it never raises.
 """
 
 from __future__ import annotations
@@ -14,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# Qwen3-coder:  <tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>\n</tool_call>
+# Hermes:       <tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 FUNCTION_RE = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.DOTALL)
 PARAMETER_RE = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)

@@ -2,8 +2,7 @@
 
 `find_artifacts(root, dataset=..., splits=...)` lists the artifacts the report reads under a workflow
 folder (the `report` rule passes its inputs instead, so it runs last); `collect(artifacts, root)` reads
-them into plain data, one entry per report section. A missing artifact leaves its section out; a
-malformed one raises ReportError naming the file.
+them into plain data, one entry per report section.
 """
 
 from __future__ import annotations
@@ -272,6 +271,7 @@ def provenance_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, 
     }
 
 
+# A missing artifact leaves its section out; a malformed one raises ReportError naming the file.
 def collect(paths: Mapping[str, list[str]], root: str | os.PathLike = ".") -> dict[str, Any]:
     """Every section's data from the artifacts in `paths` (by kind, as find_artifacts returns)."""
     root = Path(root)

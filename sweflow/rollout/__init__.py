@@ -1,17 +1,8 @@
 """Rollout dispatcher: one training row + group index -> sandbox, agent, fresh evaluation, reward, samples.
 
-Typical use (a trainer's rollout function):
-
-    from sweflow.rollout import Dispatcher, HttpProxyClient, RolloutConfig
-    from sweflow.sandbox.registry import get_provider
-
-    d = Dispatcher(get_provider("docker"),
-                   HttpProxyClient(proxy_url, admin_token=proxy_admin_token),
-                   config=RolloutConfig(max_concurrency=16))
-    for result in d.run_group(row, n=8):           # RolloutResult per group index
-        batch.extend(result.training_samples())   # token_ids, loss_mask, rollout_logprobs, reward, ...
-
-`sweflow.rollout.e2e` runs one sample task this way with two scripted policies (the end-to-end check).
+A trainer's rollout function runs a `Dispatcher` over a sandbox provider and an `HttpProxyClient` (a typical
+use is shown above `__all__`). `sweflow.rollout.e2e` runs one sample task this way with two scripted
+policies (the end-to-end check).
 """
 
 from sweflow.rollout.clients import (
@@ -33,6 +24,16 @@ from sweflow.rollout.types import (
     patch_stats,
 )
 
+# Typical use (a trainer's rollout function):
+#
+#     from sweflow.rollout import Dispatcher, HttpProxyClient, RolloutConfig
+#     from sweflow.sandbox.registry import get_provider
+#
+#     d = Dispatcher(get_provider("docker"),
+#                    HttpProxyClient(proxy_url, admin_token=proxy_admin_token),
+#                    config=RolloutConfig(max_concurrency=16))
+#     for result in d.run_group(row, n=8):           # RolloutResult per group index
+#         batch.extend(result.training_samples())   # token_ids, loss_mask, rollout_logprobs, reward, ...
 __all__ = [
     "ABORTED",
     "COMPLETED",

@@ -1,12 +1,8 @@
 """HTTP clients the dispatcher talks through: the token-recording proxy's admin API and the blackbox server.
 
-`ProxyClient` is the Protocol (a trainer may hand in its own, e.g. one that calls an in-process
-`ProxyServer` directly); `HttpProxyClient` is the real one over `/session/*` and `/trajectory/read`, with
-the proxy's admin token. `create_session` returns the session's own secret: the agent's only credential.
-`BlackboxClient` speaks to the in-sandbox server at the URL the sandbox provider gives for port 31000 and
-sends the sandbox's blackbox token on every call but /health.
-Both raise `ProxyError` / `SandboxError` with one-line messages; a transport failure (connection refused,
-reset, timeout) is `TransportError`, so the dispatcher can tell "the server answered no" from "it is gone".
+`ProxyClient` is the Protocol, `HttpProxyClient` the real proxy client and `BlackboxClient` the in-sandbox
+server's. Both raise `ProxyError` / `SandboxError` with one-line messages; a transport failure (connection
+refused, reset, timeout) is `TransportError`.
 """
 
 from __future__ import annotations
@@ -20,6 +16,8 @@ from typing import Any, Protocol
 from sweflow.errors import ProxyError, SandboxError, SweflowError
 
 
+# Both raise `ProxyError` / `SandboxError` with one-line messages; a transport failure (connection refused,
+# reset, timeout) is `TransportError`, so the dispatcher can tell "the server answered no" from "it is gone".
 class TransportError(SweflowError):
     """The HTTP peer could not be reached or dropped the connection (no answer at all)."""
 
@@ -66,6 +64,8 @@ def http_json(
         raise TransportError(f"answer is not JSON: {exc}", file=url) from None
 
 
+# `ProxyClient` is the Protocol (a trainer may hand in its own, e.g. one that calls an in-process
+# `ProxyServer` directly).
 class ProxyClient(Protocol):
     """The proxy operations one rollout needs; `url` is where the proxy listens (as seen by the caller)."""
 
@@ -82,6 +82,8 @@ class ProxyClient(Protocol):
     def delete_session(self, session_id: str) -> None: ...
 
 
+# `HttpProxyClient` is the real one over `/session/*` and `/trajectory/read`, with the proxy's admin token.
+# `create_session` returns the session's own secret: the agent's only credential.
 class HttpProxyClient:
     """The proxy's admin endpoints over HTTP; `admin_token` is the proxy's (every admin call needs it)."""
 
@@ -113,6 +115,8 @@ class HttpProxyClient:
         self._post("/session/delete", {"session_id": session_id})
 
 
+# `BlackboxClient` speaks to the in-sandbox server at the URL the sandbox provider gives for port 31000 and
+# sends the sandbox's blackbox token on every call but /health.
 class BlackboxClient:
     """The in-sandbox blackbox server's API (see sweflow.blackbox.server) at `base_url`.
 

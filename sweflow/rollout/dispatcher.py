@@ -1,20 +1,8 @@
 """One rollout sample end to end, and groups of them under a concurrency limit.
 
-For a training row (see sweflow.dataset.convert) and a group index, `Dispatcher.run_sample`:
-sandbox from the row's template (its only egress: the proxy, when the proxy listens on loopback) ->
-blackbox /health -> proxy session (its token) -> register the agent (router = the proxy as the sandbox
-sees it, bearer = the session's token, the row's backend options; every blackbox call carries the
-sandbox's blackbox token) -> before-agent commands (a required one that fails
-aborts the sample) -> the prompt as one agent turn ->
-the patch (git diff against the base commit) -> the agent sandbox is killed -> fresh-sandbox evaluation ->
-finalise and read the proxy trajectory -> integrity scan of the tool calls the proxy recorded -> reward ->
-RolloutResult.
-
-Any exception aborts the sample (status "aborted", failure_reason naming the failed step, or
-"sandbox_died" when the agent's sandbox is gone) and every sandbox it created is killed. A fresh
-evaluation whose infrastructure failed (``EvalResult.infra``: provider fault, dead sandbox, ...) aborts
-the sample with failure_reason "evaluation_error" (its evaluation and log kept): never reward 0. The after-agent
-commands of the row are not run in the agent sandbox: the fresh evaluation replaces them.
+`Dispatcher.run_sample`: sandbox -> agent -> patch -> fresh-sandbox evaluation -> integrity scan -> reward
+-> RolloutResult (every step is listed above `_Rollout._run`). Any exception aborts the sample and kills
+every sandbox it created; a fresh evaluation whose infrastructure failed aborts it too: never reward 0.
 """
 
 from __future__ import annotations
@@ -226,6 +214,10 @@ class _Rollout:
         )
 
     # ------------------------------------------------------------------ the flow
+    # Any exception aborts the sample (status "aborted", failure_reason naming the failed step, or
+    # "sandbox_died" when the agent's sandbox is gone) and every sandbox it created is killed. A fresh
+    # evaluation whose infrastructure failed (``EvalResult.infra``: provider fault, dead sandbox, ...) aborts
+    # the sample with failure_reason "evaluation_error" (its evaluation and log kept): never reward 0.
     def run(self) -> RolloutResult:
         t0 = time.monotonic()
         try:
@@ -274,6 +266,17 @@ class _Rollout:
             except Exception as exc:  # noqa: BLE001 - best effort: the result is already decided
                 log.debug("proxy cleanup of %s: %s", self.session_id, exc)
 
+    # For a training row (see sweflow.dataset.convert) and a group index, `Dispatcher.run_sample`: sandbox
+    # from the row's template (its only egress: the proxy, when the proxy listens on loopback) -> blackbox
+    # /health -> proxy session (its token) -> register the agent (router = the proxy as the sandbox sees it,
+    # bearer = the session's token, the row's backend options; every blackbox call carries the sandbox's
+    # blackbox token) -> before-agent commands (a required one that fails aborts the sample) -> the prompt as
+    # one agent turn -> the patch (git diff against the base commit) -> the agent sandbox is killed ->
+    # fresh-sandbox evaluation -> finalise and read the proxy trajectory -> integrity scan of the tool calls
+    # the proxy recorded -> reward -> RolloutResult.
+    #
+    # The after-agent commands of the row are not run in the agent sandbox: the fresh evaluation replaces
+    # them.
     def _run(self) -> RolloutResult:
         meta = self.meta
         template = meta.get("sandbox_image")

@@ -1,9 +1,7 @@
 """The embedded sample: the `sweflow/calclib` repository, its tasks and datasets in both row shapes.
 
-Typical use:
-    info = materialize_repo(tmp / "calclib")        # real git repo, deterministic shas
-    rows = sample_rows("train")                      # raw SWE-Gym rows
-    write_parquet(skyrl_rows("validation"), path)    # byte-stable parquet
+`materialize_repo` builds the repository (deterministic shas), `sample_rows`/`skyrl_rows` give the rows,
+`write_parquet` writes byte-stable parquet; a typical use is shown above `__all__`.
 """
 
 from sweflow.sample.repo import HISTORY, REPO_NAME, RepoInfo, apply_patch, clone_at, materialize_repo
@@ -27,6 +25,10 @@ from sweflow.sample.tasks import (
     write_sample_dataset,
 )
 
+# Typical use:
+#     info = materialize_repo(tmp / "calclib")        # real git repo, deterministic shas
+#     rows = sample_rows("train")                      # raw SWE-Gym rows
+#     write_parquet(skyrl_rows("validation"), path)    # byte-stable parquet
 __all__ = [
     "DATA_SOURCE",
     "EXTRA_ID",

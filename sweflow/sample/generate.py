@@ -1,10 +1,8 @@
 """Regenerate the stored sample tasks (patches and metadata) from `taskdefs.TASKS`.
 
-Run `python -m sweflow.sample.generate` after changing the sample history or a task definition. For each
-task it clones the sample repository at the base commit, applies the edits, takes `git diff` as the patch,
-then runs pytest on the touched test files before and after the fix: FAIL_TO_PASS is what fails before and
-passes after, PASS_TO_PASS what passes both times. It refuses to write when the measured FAIL_TO_PASS differs
-from the one the definition expects.
+Run `python -m sweflow.sample.generate` after changing the sample history or a task definition. It measures
+FAIL_TO_PASS / PASS_TO_PASS by running each task's tests before and after the fix (see above `build_task`)
+and refuses to write when the measured FAIL_TO_PASS differs from the one the definition expects.
 """
 
 from __future__ import annotations
@@ -84,6 +82,10 @@ def run_pytest(repo: Path, test_files: list[str], timeout: float = 120) -> dict[
     return out
 
 
+# For each task it clones the sample repository at the base commit, applies the edits, takes `git diff` as the
+# patch, then runs pytest on the touched test files before and after the fix: FAIL_TO_PASS is what fails
+# before and passes after, PASS_TO_PASS what passes both times. It refuses to write when the measured
+# FAIL_TO_PASS differs from the one the definition expects.
 def build_task(task: TaskDef, source: Path, commits: dict[str, str], work: Path) -> dict[str, object]:
     """Build one task's stored form: {"gold.patch": str, "test.patch": str, "meta.json": dict}."""
     repo = clone_at(source, work / task.instance_id, commits[task.base])

@@ -1,9 +1,7 @@
 """Build the embedded sample repository `sweflow/calclib` as a real git repository with a fixed history.
 
-The history is stored as overlay folders under `repo_files/` (one per commit, applied in order). Every stored
-file carries an extra `.txt` suffix (so it ships as package data and no tool mistakes it for project code);
-`dot-<name>` stands for `.<name>`. Author, committer, dates and git configuration are pinned, so the commit
-shas are the same on every machine.
+The history is stored as overlay folders under `repo_files/` (one per commit, applied in order). Author,
+committer, dates and git configuration are pinned, so the commit shas are the same on every machine.
 """
 
 from __future__ import annotations
@@ -106,6 +104,8 @@ def git(
     return res.stdout
 
 
+# Every stored file carries an extra `.txt` suffix (so it ships as package data and no tool mistakes it for
+# project code); `dot-<name>` stands for `.<name>`.
 def stored_to_repo_path(rel: str) -> str:
     """Map a stored path (`a/dot-gitignore.txt`) to its path in the repository (`a/.gitignore`)."""
     if not rel.endswith(".txt"):

@@ -2,8 +2,7 @@
 
 `python -m sweflow.sample.taskdefs` regenerates `tasks/<instance_id>/{gold.patch,test.patch,meta.json}` by
 applying these edits in a real clone at the base commit and asking git for the diffs, then running the tests
-before and after the fix to derive FAIL_TO_PASS / PASS_TO_PASS. The stored files are what the library ships;
-this module is only needed to change them.
+before and after the fix to derive FAIL_TO_PASS / PASS_TO_PASS.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ class TaskDef:
         return f"sweflow__calclib-{self.number}"
 
 
+# The stored files are what the library ships; this module is only needed to change them.
 TASKS: tuple[TaskDef, ...] = (
     TaskDef(
         number=1,

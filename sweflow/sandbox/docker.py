@@ -1,16 +1,8 @@
 """Docker sandboxes through the docker SDK; templates are images built from `TemplateSpec.to_dockerfile()`.
 
-The agent is hostile. Containers run with network "none" (loopback only; host networking is gone), every
-capability dropped (`cap_add` gives some back), no-new-privileges, and pids/memory/CPU limits, and no
-engine socket. The one way in and out is a per-sandbox host folder bound at /run/sweflow: the host
-reaches the blackbox server through `blackbox.sock` (a host forwarder on a free 127.0.0.1 port is
-`port_url(31000)`), and the sandbox reaches the egress at `egress_url` (an in-container forwarder on
-loopback, piped to `egress.sock`, which a host forwarder connects to the egress host:port); see
-`sweflow.sandbox.egress`. The in-container forwarders run on the template's runtime python. The server
-is started by its own `docker exec`; the blackbox token reaches it in a file it removes once read.
-
-Templates are built by `sweflow.sandbox.docker_template`; the running sandbox (commands, files, the disk
-watchdog) is `sweflow.sandbox.docker_sandbox`.
+The agent is hostile: no network, no capabilities, resource limits, no engine socket; one socket folder
+at /run/sweflow is the way in and out (see above `DockerProvider`). Templates are built by
+`sweflow.sandbox.docker_template`; the running sandbox is `sweflow.sandbox.docker_sandbox`.
 """
 
 from __future__ import annotations
@@ -53,6 +45,17 @@ def docker_network_mode(network: str | None, internet: str, *, server: bool, egr
     return internet
 
 
+# The agent is hostile. Containers run with network "none" (loopback only; host networking is gone), every
+# capability dropped (`cap_add` gives some back), no-new-privileges, and pids/memory/CPU limits, and no engine
+# socket. The one way in and out is a per-sandbox host folder bound at /run/sweflow: the host reaches the
+# blackbox server through `blackbox.sock` (a host forwarder on a free 127.0.0.1 port is `port_url(31000)`),
+# and the sandbox reaches the egress at `egress_url` (an in-container forwarder on loopback, piped to
+# `egress.sock`, which a host forwarder connects to the egress host:port); see `sweflow.sandbox.egress`. The
+# in-container forwarders run on the template's runtime python. The server is started by its own `docker
+# exec`; the blackbox token reaches it in a file it removes once read.
+#
+# Templates are built by `sweflow.sandbox.docker_template`; the running sandbox (commands, files, the disk
+# watchdog) is `sweflow.sandbox.docker_sandbox`.
 class DockerProvider(DockerTemplates):
     """Options: cpu (cores, default 2), memory_mb (4096), pids_limit (1024), file_size_mb (the largest
     file, RLIMIT_FSIZE: 2048), disk_mb (the writable layer's size where the storage driver can cap it:

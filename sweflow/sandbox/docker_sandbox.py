@@ -1,12 +1,7 @@
 """A running Docker sandbox: commands through the exec API, files through the archive API.
 
-Commands run as `timeout -k 5 <t> bash -c CMD` through the exec API, and the client also gives up after the
-timeout plus a grace period, so a hung daemon call cannot block a caller. Exit code 124 means timed out;
-exit codes always come from exec_inspect, never from a file the sandbox could write. Background commands
-run detached under `setsid -w` with their output in /tmp/.sweflow-bg (informational tails).
-
-Where the storage driver cannot cap the writable layer, a watchdog thread measures it and kills the
-sandbox past `disk_mb`. Sandboxes come from `DockerProvider.create` (`sweflow.sandbox.docker`).
+Exit code 124 means timed out; exit codes always come from exec_inspect, never from a file the sandbox
+could write. Sandboxes come from `DockerProvider.create` (`sweflow.sandbox.docker`).
 """
 
 from __future__ import annotations
@@ -52,6 +47,8 @@ _KILL_REST = (
 )
 
 
+# Background commands run detached under `setsid -w` with their output in /tmp/.sweflow-bg (informational
+# tails).
 class _DockerBackground:
     """A detached exec; its exit code is exec_inspect's, its output tails come from files (informational)."""
 
@@ -110,6 +107,8 @@ class DockerSandbox(SandboxBase):
             # the storage driver cannot cap the writable layer: measure it and kill the sandbox past the cap
             threading.Thread(target=self._watch_disk, name=f"disk-{self.id}", daemon=True).start()
 
+    # Where the storage driver cannot cap the writable layer, a watchdog thread measures it and kills the
+    # sandbox past `disk_mb`.
     def _watch_disk(self) -> None:
         cap = int(self.provider.disk_mb) * 1024 * 1024
         while not self._watch_stop.wait(DISK_POLL_S):
@@ -191,6 +190,9 @@ class DockerSandbox(SandboxBase):
         rc = self._inspect(exec_id)["ExitCode"]
         return (rc if rc is not None else -1), out or b"", err or b"", time.monotonic() - t0
 
+    # Commands run as `timeout -k 5 <t> bash -c CMD` through the exec API, and the client also gives up after
+    # the timeout plus a grace period, so a hung daemon call cannot block a caller. Exit code 124 means timed
+    # out; exit codes always come from exec_inspect, never from a file the sandbox could write.
     def run(self, cmd: str, *, timeout: float, env=None, cwd=None) -> CommandResult:
         """Run through bash under `timeout`; exit_code 124 with timed_out=True when it ran out of time."""
         t = max(1, math.ceil(timeout))

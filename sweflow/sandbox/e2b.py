@@ -2,13 +2,7 @@
 
 `E2BProvider().create(template, timeout=...)` starts a cloud sandbox; `build_template(...)` builds a
 template with the SDK's v2 builder (see `sweflow.sandbox.e2b_template`). The API key comes from
-the argument or E2B_API_KEY and never appears in a message or log line. E2B_API_URL /
-E2B_SANDBOX_URL / E2B_DOMAIN / E2B_DEBUG are honoured by the SDK (tests point them at local fakes).
-
-Retries: the SDK's own response retries are switched off (retries=0) so that `sweflow.sandbox.e2b_api`
-owns the policy in one place: `attempts` tries with backoff on 5xx, 429 and timeouts; a 4xx (unknown
-template, bad key) fails at once. Sandbox creation reuses one idempotency key across its tries, so
-a create whose answer was lost to a timeout does not leave a second sandbox behind.
+the argument or E2B_API_KEY and never appears in a message or log line.
 """
 
 from __future__ import annotations
@@ -76,6 +70,8 @@ class _TailBuffer:
         return tail("".join(self.parts), self.limit)
 
 
+# E2B_API_URL / E2B_SANDBOX_URL / E2B_DOMAIN / E2B_DEBUG are honoured by the SDK (tests point them at local
+# fakes).
 class E2BProvider(E2BApi):
     """Creates E2B sandboxes and builds E2B templates (the settings and retry policy are `E2BApi`'s)."""
 
@@ -94,6 +90,10 @@ class E2BProvider(E2BApi):
         return "https"
 
     # -- sandboxes -------------------------------------------------------------------------------
+    # Retries: the SDK's own response retries are switched off (retries=0) so that `sweflow.sandbox.e2b_api`
+    # owns the policy in one place: `attempts` tries with backoff on 5xx, 429 and timeouts; a 4xx (unknown
+    # template, bad key) fails at once. Sandbox creation reuses one idempotency key across its tries, so a
+    # create whose answer was lost to a timeout does not leave a second sandbox behind.
     def create(
         self,
         template: str,

@@ -1,10 +1,8 @@
 """The E2B control plane as sweflow calls it: the connection settings and the one retry policy.
 
-`E2BApi` holds the API key (from the argument or E2B_API_KEY; it never appears in a message or log line) and
-the SDK settings, gives the keyword arguments of every SDK call (`api_params`) and runs each call under the
-retry policy (`call`): `attempts` tries with backoff on 5xx, 429 and timeouts; a 4xx (unknown template, bad
-key) fails at once. Sandboxes (`sweflow.sandbox.e2b.E2BProvider`, a subclass) and template builds
-(`sweflow.sandbox.e2b_template`) both go through it.
+`E2BApi` holds the API key (it never appears in a message or log line) and the SDK settings, and runs
+every SDK call under the retry policy. Sandboxes (`sweflow.sandbox.e2b.E2BProvider`, a subclass) and
+template builds (`sweflow.sandbox.e2b_template`) both go through it.
 """
 
 from __future__ import annotations
@@ -48,6 +46,10 @@ def is_transient(exc: BaseException) -> bool:
     return status is not None and (status >= 500 or status == 429)
 
 
+# `E2BApi` holds the API key (from the argument or E2B_API_KEY; it never appears in a message or log line) and
+# the SDK settings, gives the keyword arguments of every SDK call (`api_params`) and runs each call under the
+# retry policy (`call`): `attempts` tries with backoff on 5xx, 429 and timeouts; a 4xx (unknown template, bad
+# key) fails at once.
 class E2BApi:
     """Connection settings and the retry policy for E2B control-plane calls.
 

@@ -1,15 +1,8 @@
 """E2B templates for task images: a `TemplateSpec` rendered with the e2b SDK's v2 builder.
 
-The recipe is the spec's own (`TemplateSpec.steps()`, shared with the Docker backend): the task
-image (Debian-based) as root, apt packages (+ curl for the ready check), the Claude Code binary at
-/usr/local/bin/claude, the sweflow wheel installed --no-deps into the isolated venv at
-/opt/sweflow/runtime; then workdir /testbed and the blackbox server as start command, ready when its
-/health answers. E2B runs the start command at build time and snapshots the sandbox with it running
-(it does not see the envs given to Sandbox.create).
-
-The SDK copies files relative to a context folder; the binary and the wheel are staged there
-under stable names (hard links when possible), so the files hash, and the spec hash, do not depend
-on where the inputs live on this machine.
+The recipe is the spec's own (`TemplateSpec.steps()`, shared with the Docker backend); E2B runs the start
+command at build time and snapshots the sandbox with it running. Inputs are staged under stable names, so
+the spec hash does not depend on where they live on this machine.
 """
 
 from __future__ import annotations
@@ -88,6 +81,9 @@ def template_inputs(spec: Any = None, **fields: Any) -> TemplateSpec:
     return out
 
 
+# The SDK copies files relative to a context folder; the binary and the wheel are staged there under stable
+# names (hard links when possible), so the files hash, and the spec hash, do not depend on where the inputs
+# live on this machine.
 def _stage(src: Path, dst: Path, mode: int) -> None:
     if not src.is_file():
         raise SandboxError("file not found", file=str(src), hint="build or download it before the template")
@@ -100,6 +96,12 @@ def _stage(src: Path, dst: Path, mode: int) -> None:
     os.chmod(dst, mode)
 
 
+# The recipe is the spec's own (`TemplateSpec.steps()`, shared with the Docker backend): the task image
+# (Debian-based) as root, apt packages (+ curl for the ready check), the Claude Code binary at
+# /usr/local/bin/claude, the sweflow wheel installed --no-deps into the isolated venv at /opt/sweflow/runtime;
+# then workdir /testbed and the blackbox server as start command, ready when its /health answers. E2B runs the
+# start command at build time and snapshots the sandbox with it running (it does not see the envs given to
+# Sandbox.create).
 def e2b_template_from_spec(
     spec: Any = None, *, context_dir: str | os.PathLike | None = None, **fields: Any
 ) -> TemplateClass:

@@ -2,8 +2,6 @@
 
 - in:  host 127.0.0.1:<free port>  ->  <folder>/blackbox.sock  (an in-sandbox forwarder pipes it to :31000)
 - out: <folder>/egress.sock        ->  the one egress host:port (an in-sandbox forwarder listens on loopback)
-
-The byte pumping is `sweflow.blackbox.forward.Forwarder`, the same code that runs inside the sandbox.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ def inside_egress_port(egress: str, reserved: int) -> int:
     return port if port != reserved else port + 1
 
 
+# The byte pumping is `sweflow.blackbox.forward.Forwarder`, the same code that runs inside the sandbox.
 class Routes:
     """The host-side forwarders of one sandbox; `close()` tears both down (idempotent)."""
 

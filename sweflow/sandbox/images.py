@@ -2,8 +2,7 @@
 
 No registry is reachable, so the base is built with `debootstrap` and `docker import`; the rootfs tarball is
 cached (keyed by suite, packages and mirror) so CI reruns only pay for the import. Task images mimic the
-SWE-bench layout: the repo at /testbed at the base commit with its remote removed, and a conda shim at
-/opt/miniconda3 so the official eval scripts (`source /opt/miniconda3/bin/activate; conda activate testbed`) run.
+SWE-bench layout (see above `_task_context`).
 """
 
 from __future__ import annotations
@@ -121,6 +120,9 @@ def build_base_image(tag: str = BASE_TAG, *, mirror: str | None = None, force: b
     return tag
 
 
+# Task images mimic the SWE-bench layout: the repo at /testbed at the base commit with its remote removed, and
+# a conda shim at /opt/miniconda3 so the official eval scripts (`source /opt/miniconda3/bin/activate; conda
+# activate testbed`) run.
 def _task_context(repo_path: Path, base_commit: str, base: str, dest: Path) -> None:
     """Write a docker build context: a clean clone at base_commit plus the conda shim."""
     testbed = dest / "testbed"

@@ -1,11 +1,8 @@
 """A ledger of what the pipeline creates outside its outputs (sandboxes, template build folders, build
 containers), so that the leftovers of a killed run can be reaped by their recorded ids.
 
-One JSON file per item under `<working dir>/.sweflow/sandboxes/` ($SWEFLOW_LEDGER_DIR overrides), written
-atomically when the item is created and removed when it is killed or cleaned up. An entry names the
-provider, the item's id and what to remove, and the creating process (pid, its start time, host).
-`reap()` acts only on entries whose creating process is gone from this host: a concurrently running
-pipeline keeps its sandboxes. Nothing is ever matched by name pattern; only recorded ids are touched.
+One JSON file per item under `<working dir>/.sweflow/sandboxes/` ($SWEFLOW_LEDGER_DIR overrides). `reap()`
+touches only recorded ids, and only those whose creating process is gone from this host.
 """
 
 from __future__ import annotations
@@ -49,6 +46,9 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+# One JSON file per item under `<working dir>/.sweflow/sandboxes/` ($SWEFLOW_LEDGER_DIR overrides), written
+# atomically when the item is created and removed when it is killed or cleaned up. An entry names the
+# provider, the item's id and what to remove, and the creating process (pid, its start time, host).
 def record(kind: str, provider: str, item_id: str, **details: Any) -> Path | None:
     """Write the ledger entry of a new item and return its path (give it to forget() once it is gone).
 
@@ -247,6 +247,8 @@ def _reaper(entry: dict[str, Any]) -> Callable[[dict[str, Any]], str]:
     raise ValueError(f"unknown ledger entry kind {kind!r} for provider {provider!r}")
 
 
+# `reap()` acts only on entries whose creating process is gone from this host: a concurrently running pipeline
+# keeps its sandboxes. Nothing is ever matched by name pattern; only recorded ids are touched.
 def reap(workdir: str | os.PathLike | None = None, *, say: Callable[[str], None] | None = None) -> ReapReport:
     """Remove the recorded leftovers of dead runs (one `say` line per item, then the summary line).
 

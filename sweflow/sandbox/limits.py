@@ -1,18 +1,8 @@
 """Resource limits of a local sandbox: processes, memory, file size and scratch disk, like Docker's.
 
-Every command of a local sandbox starts through ``Limits.prefix``: ``prlimit`` sets RLIMIT_FSIZE (no
-file above ``file_size_mb``), RLIMIT_CORE 0 and, only where no pids cgroup could be made, RLIMIT_NPROC
-(which counts the sandbox uid's processes host-wide); then a shell moves itself into the sandbox's own
-cgroups before it execs the command, so every process the command forks is counted from its first
-instruction. The cgroups (``pids.max``, and the memory limit with
-swap included) are made where the host lets us: cgroup v2 with the controllers delegated, or the v1
-``pids`` and ``memory`` hierarchies, writable by root. Elsewhere the rlimits stand alone and the one-line
-warning says so (no memory cap then: RLIMIT_AS would break Node's and Python's address-space
-reservations, Claude Code's included).
-
-Scratch disk: ``/tmp`` and ``/root`` are a tmpfs of ``scratch_mb`` each when the host user may mount one
-(root), so what a sandbox writes there is bounded and charged to its memory cgroup; ``/testbed`` stays a
-host folder bounded per file by RLIMIT_FSIZE.
+Every command of a local sandbox starts through ``Limits.prefix``: rlimits, then the sandbox's own cgroups
+where the host lets us make them (``Limits._make_cgroups``). ``/tmp`` and ``/root`` are a tmpfs of
+``scratch_mb`` each where the host user may mount one (``Limits.mount_scratch``).
 """
 
 from __future__ import annotations
@@ -64,6 +54,10 @@ class Limits:
         self._make_cgroups()
 
     # ---- cgroups ---------------------------------------------------------------------------------
+    # The cgroups (``pids.max``, and the memory limit with swap included) are made where the host lets us:
+    # cgroup v2 with the controllers delegated, or the v1 ``pids`` and ``memory`` hierarchies, writable by
+    # root. Elsewhere the rlimits stand alone and the one-line warning says so (no memory cap then: RLIMIT_AS
+    # would break Node's and Python's address-space reservations, Claude Code's included).
     def _make_cgroups(self) -> None:
         wanted = {}
         if self.spec.pids:
@@ -124,6 +118,11 @@ class Limits:
                 self.memory_capped = True
 
     # ---- per command -----------------------------------------------------------------------------
+    # Every command of a local sandbox starts through ``Limits.prefix``: ``prlimit`` sets RLIMIT_FSIZE (no
+    # file above ``file_size_mb``), RLIMIT_CORE 0 and, only where no pids cgroup could be made, RLIMIT_NPROC
+    # (which counts the sandbox uid's processes host-wide); then a shell moves itself into the sandbox's own
+    # cgroups before it execs the command, so every process the command forks is counted from its first
+    # instruction.
     def prefix(self) -> list[str]:
         """argv to put in front of a sandbox command (before the privilege drop)."""
         s = self.spec
@@ -147,6 +146,9 @@ class Limits:
         return out
 
     # ---- scratch disk ----------------------------------------------------------------------------
+    # Scratch disk: ``/tmp`` and ``/root`` are a tmpfs of ``scratch_mb`` each when the host user may mount one
+    # (root), so what a sandbox writes there is bounded and charged to its memory cgroup; ``/testbed`` stays a
+    # host folder bounded per file by RLIMIT_FSIZE.
     def mount_scratch(self, path: Path, uid: int) -> bool:
         """A tmpfs of ``scratch_mb`` at ``path`` owned by ``uid``; False (and a warning) if not allowed."""
         if not self.spec.scratch_mb or os.geteuid() != 0:

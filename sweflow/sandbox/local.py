@@ -1,23 +1,8 @@
 """Local sandboxes without a container engine: a prepared workspace per template, bubblewrap per command.
 
-Layout under `templates_root`: see `sweflow.sandbox.local_template`, which builds the templates.
-
-The agent is hostile. Every command is `setpriv` (uid/gid `sandbox_uid`, default 65534, no groups) in front
-of an unprivileged `bwrap`: own user, pid, ipc, uts, cgroup and network namespaces, no capabilities,
-no_new_privs, --die-with-parent, --new-session. The sandbox sees /usr and /etc (read-only, plus the
-/bin /lib /sbin links), its own workspace, the shared venvs and the Claude binary read-only, and nothing
-else of the host. The workspace belongs to the sandbox uid; bwrap resolves bind sources as that uid, so
-the provider gives the directories above its root search permission (o+x, not listing).
-
-Network: none but loopback. A sandbox with a blackbox server or an egress gets one "holder" bwrap whose
-network namespace every command of the sandbox joins (nsenter as root, then the privilege drop): it runs
-the in-sandbox forwarders (`sweflow.blackbox.forward`) and then execs the server. The host reaches the
-server through `<sandbox>/run/blackbox.sock` (a host forwarder on a free 127.0.0.1 port is
-`port_url(31000)`); sandbox processes reach the egress at `egress_url` (loopback) which the forwarder
-pipes to `<sandbox>/run/egress.sock`, served by a host forwarder connected to the egress host:port
-(`sweflow.sandbox.egress`). Without server and egress each command gets a fresh empty network namespace,
-or, for a fresh evaluation created with network="internet" (never with a server or an egress), the host's.
-The blackbox token is in the server's environment only.
+Layout under `templates_root`: see `sweflow.sandbox.local_template`, which builds the templates. The agent
+is hostile: every command runs as an unprivileged uid in its own bwrap namespaces, sees little of the host
+and has no network but loopback (see above `LocalSandbox._argv` and `LocalSandbox._start_holder`).
 """
 
 from __future__ import annotations
@@ -209,6 +194,15 @@ class LocalSandbox(SandboxBase):
         self._timer.start()
 
     # ---- plumbing --------------------------------------------------------------------------------
+    # Network: none but loopback. A sandbox with a blackbox server or an egress gets one "holder" bwrap whose
+    # network namespace every command of the sandbox joins (nsenter as root, then the privilege drop): it runs
+    # the in-sandbox forwarders (`sweflow.blackbox.forward`) and then execs the server. The host reaches the
+    # server through `<sandbox>/run/blackbox.sock` (a host forwarder on a free 127.0.0.1 port is
+    # `port_url(31000)`); sandbox processes reach the egress at `egress_url` (loopback) which the forwarder
+    # pipes to `<sandbox>/run/egress.sock`, served by a host forwarder connected to the egress host:port
+    # (`sweflow.sandbox.egress`). Without server and egress each command gets a fresh empty network namespace,
+    # or, for a fresh evaluation created with network="internet" (never with a server or an egress), the
+    # host's. The blackbox token is in the server's environment only.
     def _start_holder(self, server: str, egress: str | None) -> None:
         """The bwrap whose network namespace the sandbox's commands share: forwarders, then the server."""
         self.routes = Routes(self.dir / "run", egress=egress, blackbox=bool(server))
@@ -246,6 +240,12 @@ class LocalSandbox(SandboxBase):
         if server:
             self.server = self._holder
 
+    # The agent is hostile. Every command is `setpriv` (uid/gid `sandbox_uid`, default 65534, no groups) in
+    # front of an unprivileged `bwrap`: own user, pid, ipc, uts, cgroup and network namespaces, no
+    # capabilities, no_new_privs, --die-with-parent, --new-session. The sandbox sees /usr and /etc (read-only,
+    # plus the /bin /lib /sbin links), its own workspace, the shared venvs and the Claude binary read-only,
+    # and nothing else of the host. The workspace belongs to the sandbox uid; bwrap resolves bind sources as
+    # that uid, so the provider gives the directories above its root search permission (o+x, not listing).
     def _argv(
         self, cmd: list[str], env: dict[str, str] | None, cwd: str | None, *, extra: list[str] = ()
     ) -> list[str]:

@@ -1,15 +1,8 @@
 """Local templates: the prepared workspace (repo, conda shim, runtime venv) every local sandbox copies.
 
-Layout under `templates_root` (default $SWEFLOW_LOCAL_TEMPLATES or ~/.cache/sweflow/local-templates):
-  <name>/testbed/          the repo (git) every sandbox copies
-  <name>/template.json     metadata (image, spec hash, start command, runtime and claude paths)
-  _shared/conda-<h>/       conda shim + a python venv `envs/testbed` (with pytest), bound at /opt/miniconda3
-  _shared/runtime-<h>/     the isolated runtime venv with the sweflow wheel, bound at /opt/sweflow/runtime
-  _sandboxes/<id>/         per sandbox: testbed (/testbed), tmp (/tmp), home (/root), run (/run/sweflow,
-                           the socket folder), bg (background logs, host only)
-
-`LocalTemplates` is mixed into `LocalProvider` (`sweflow.sandbox.local`), whose `__init__` sets what it reads
-(root, uid, testbed_requirements); the shared venvs are built as the sandbox uid under bwrap.
+Layout under `templates_root` (default $SWEFLOW_LOCAL_TEMPLATES or ~/.cache/sweflow/local-templates): see
+above `LocalTemplates`, which is mixed into `LocalProvider` (`sweflow.sandbox.local`); the shared venvs
+are built as the sandbox uid under bwrap.
 """
 
 from __future__ import annotations
@@ -53,6 +46,16 @@ def _file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+# Layout under `templates_root` (default $SWEFLOW_LOCAL_TEMPLATES or ~/.cache/sweflow/local-templates):
+#   <name>/testbed/          the repo (git) every sandbox copies
+#   <name>/template.json     metadata (image, spec hash, start command, runtime and claude paths)
+#   _shared/conda-<h>/       conda shim + a python venv `envs/testbed` (with pytest), bound at /opt/miniconda3
+#   _shared/runtime-<h>/     the isolated runtime venv with the sweflow wheel, bound at /opt/sweflow/runtime
+#   _sandboxes/<id>/         per sandbox: testbed (/testbed), tmp (/tmp), home (/root), run (/run/sweflow,
+#                            the socket folder), bg (background logs, host only)
+#
+# `LocalTemplates` is mixed into `LocalProvider` (`sweflow.sandbox.local`), whose `__init__` sets what it
+# reads (root, uid, testbed_requirements); the shared venvs are built as the sandbox uid under bwrap.
 class LocalTemplates:
     """The template half of `LocalProvider`: build a template's workspace and the venvs templates share."""
 

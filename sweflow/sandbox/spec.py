@@ -3,9 +3,6 @@
 A template = a task image + OS packages + the Claude Code binary at /usr/local/bin/claude + an isolated
 runtime venv at /opt/sweflow/runtime (the image's system python, the sweflow wheel --no-deps, so the task's
 own Python/conda stays untouched) + a start command serving the blackbox on :31000.
-
-`steps()` is the provider-neutral build recipe ("apt", "copy", "run" steps); `to_dockerfile()` renders it
-for Docker and the E2B engineer renders the same steps with the E2B Template builder.
 """
 
 from __future__ import annotations
@@ -97,6 +94,8 @@ class TemplateSpec:
         """Stable sha256 over the image, packages, artifact checksums, start command and resources."""
         return sha256_bytes(stable_json(self.hash_inputs(), indent=None))
 
+    # `steps()` is the provider-neutral build recipe ("apt", "copy", "run" steps); `to_dockerfile()` renders
+    # it for Docker and the E2B engineer renders the same steps with the E2B Template builder.
     def steps(self) -> list[Step]:
         """The build recipe. `copy` sources are absolute local paths; Docker maps them into its context."""
         steps = [Step("apt", tuple(sorted(set(self.packages) | {"python3", "python3-venv"})))]

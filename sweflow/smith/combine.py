@@ -2,9 +2,7 @@
 
 Members are grouped by their file (`by="file"`) or its parent folder (`by="module"`); within a group,
 combinations of `min_bugs..max_bugs` members are drawn with a generator seeded by `seed` and the group, so
-the same inputs always give the same combinations. A combination whose patches do not apply one after
-another at the reference commit is recorded as a conflict; the others become `combine` candidates whose
-patch is the joint diff. One checkout serves every combination (reset in between).
+the same inputs always give the same combinations.
 """
 
 from __future__ import annotations
@@ -73,6 +71,9 @@ def _reset(work: Path) -> None:
     run_git(work, "clean", "-fdq")
 
 
+# A combination whose patches do not apply one after another at the reference commit is recorded as a
+# conflict; the others become `combine` candidates whose patch is the joint diff. One checkout serves every
+# combination (reset in between).
 def combine_candidates(
     validated: Iterable[Mapping],
     *,

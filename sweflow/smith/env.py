@@ -1,10 +1,8 @@
 """A profile's repository as a local bare repository at a resolved commit, and its environment template.
 
-Sources: "sample" (the embedded sample repository, materialised with its fixed history), a local git
-repository (cloned bare, every branch and tag), or a plain folder (imported as one commit with a pinned
-identity and date, so the sha is the same on every machine). The environment template is built with the
-configured provider from that bare repository (local: a workspace; docker: a task image from the locally
-built base) or, for E2B, from the profile's prebuilt `image`.
+Sources (`materialize_source`): the embedded sample repository, a local git repository or a plain folder.
+The environment template is built with the configured provider from that bare repository, or, for E2B,
+from the profile's prebuilt `image` (`build_environment`).
 """
 
 from __future__ import annotations
@@ -24,6 +22,9 @@ from .profile import RepoProfile
 FOLDER_DATE = "2000-01-01T00:00:00+00:00"
 
 
+# Sources: "sample" (the embedded sample repository, materialised with its fixed history), a local git
+# repository (cloned bare, every branch and tag), or a plain folder (imported as one commit with a pinned
+# identity and date, so the sha is the same on every machine).
 def materialize_source(profile: RepoProfile, bare: str | os.PathLike) -> dict[str, Any]:
     """Write the profile's repository as the bare repository `bare` (replaced atomically); resolve the
     commit. Returns {commit, date, subject}."""
@@ -63,6 +64,9 @@ def _is_bare(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "HEAD")) and os.path.isdir(os.path.join(path, "objects"))
 
 
+# The environment template is built with the configured provider from that bare repository (local: a
+# workspace; docker: a task image from the locally built base) or, for E2B, from the profile's prebuilt
+# `image`.
 def build_environment(
     provider: Provider,
     provider_name: str,

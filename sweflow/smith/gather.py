@@ -1,12 +1,8 @@
 """Validated candidates -> SWE-bench rows, each bugged state a commit in a local bare repository.
 
-Per kept candidate, in one reused checkout of the reference commit: apply the bug, take the fix (the bug's
-reverse on the files it changed), delete the test files that hold a FAIL_TO_PASS test (the agent never sees
-them; the test patch brings them back at evaluation, as the recipe does), and commit that tree as a
-parentless commit (pinned identity, the reference commit's date) under `refs/heads/tasks/<instance_id>`.
-No commit is parent of another, so a task's repository holds nothing that shows the fix. Nothing goes to a
-hosting service: the refs are pushed to the local bare repository `tasks.git` in one go. The official eval
-script runs only the test patch's files, so a row's PASS_TO_PASS are the validated passes in those files.
+Each kept candidate becomes a parentless commit of the bugged tree, without its FAIL_TO_PASS test files,
+under `refs/heads/tasks/<instance_id>` of the local bare repository `tasks.git` (nothing goes to a hosting
+service); see above `gather`.
 """
 
 from __future__ import annotations
@@ -54,6 +50,13 @@ def _diff(tree: Path, a: str, b: str, paths: list[str]) -> str:
     )
 
 
+# Per kept candidate, in one reused checkout of the reference commit: apply the bug, take the fix (the bug's
+# reverse on the files it changed), delete the test files that hold a FAIL_TO_PASS test (the agent never sees
+# them; the test patch brings them back at evaluation, as the recipe does), and commit that tree as a
+# parentless commit (pinned identity, the reference commit's date) under `refs/heads/tasks/<instance_id>`. No
+# commit is parent of another, so a task's repository holds nothing that shows the fix. Nothing goes to a
+# hosting service: the refs are pushed to the local bare repository `tasks.git` in one go. The official eval
+# script runs only the test patch's files, so a row's PASS_TO_PASS are the validated passes in those files.
 def gather(
     profile: RepoProfile,
     bare: str | os.PathLike,

@@ -2,9 +2,7 @@
 
 `complete(settings, system, user)` sends one chat turn and returns the assistant's text. The API key is
 read from the environment variable that `settings.api_key_env` names, at call time; it is never stored,
-logged or put into an error. Transport failures (HTTP 5xx and 429, connection errors, timeouts) are retried
-with backoff; other 4xx answers are not. Every failure is one SmithError line naming the endpoint
-(credentials redacted) and the HTTP status.
+logged or put into an error.
 """
 
 from __future__ import annotations
@@ -188,6 +186,9 @@ def _text(settings: LMSettings, payload: Any) -> str:
         ) from None
 
 
+# Transport failures (HTTP 5xx and 429, connection errors, timeouts) are retried with backoff; other 4xx
+# answers are not. Every failure is one SmithError line naming the endpoint (credentials redacted) and the
+# HTTP status.
 def complete(settings: LMSettings, system: str, user: str) -> str:
     """One chat turn (system + user message); returns the assistant text."""
     key = _api_key(settings)

@@ -2,11 +2,7 @@
 `lm_rewrite` stubs a function's body (signature and docstring kept) and asks the LM to implement it again
 from the signature, docstring and the rest of the file, keeping whatever it gets wrong.
 
-The LM's function replaces the original's lines (decorators included) at the same indentation; every other
-line of the file stays byte-identical. A failed request, a reply without a code block, a reply that is not
-exactly one function of the same name, a file that no longer parses, or no change at all is not fatal: it
-becomes a `{"entity", "reason"}` record. Entities are sampled with the seed, so the output is the same for a
-seed given a deterministic endpoint.
+Only the function's lines change; a reply that does not fit becomes a `{"entity", "reason"}` record.
 """
 
 from __future__ import annotations
@@ -103,6 +99,7 @@ def _stub(lines: list[str], node: ast.AST, indent: str) -> str:
     return _dedent(kept, indent) + body_indent[len(indent) :] + "raise NotImplementedError\n"
 
 
+# Entities are sampled with the seed, so the output is the same for a seed given a deterministic endpoint.
 def _sample(items: list, seed: int, limit: int | None) -> list:
     if limit is None or len(items) <= limit:
         return items
@@ -118,6 +115,10 @@ def _entities(source: str, min_complexity: int) -> list[tuple[str, ast.AST]]:
     ]
 
 
+# The LM's function replaces the original's lines (decorators included) at the same indentation; every other
+# line of the file stays byte-identical. A failed request, a reply without a code block, a reply that is not
+# exactly one function of the same name, a file that no longer parses, or no change at all is not fatal: it
+# becomes a `{"entity", "reason"}` record.
 def _one(
     strategy: str,
     path: str,

@@ -1,12 +1,8 @@
 """PR mirrors: a bug is a past commit's non-test change undone at the reference commit.
 
-For each history commit C the "PR" is parent(C)..C. The mirror starts at the reference commit and reverts
-the non-test files of C: a file C added is deleted; otherwise the reverse of C's diff for that file is
-applied, or, when later commits changed the file so it no longer applies, a `rewrite` callable (usually an
-LM) produces the reverted file; a rewrite that fails, changes nothing or does not parse drops the commit.
-Test files are never touched, so the tests C added or changed still check the feature and now fail.
-Commits that are too big, binary, Python-free or cannot be reverted are skipped with a
-`{"commit", "reason"}` record (`"file"` too when one file could not be reverted).
+For each history commit C the "PR" is parent(C)..C; the mirror reverts the non-test files of C at the
+reference commit (see above `pr_candidates`), so the tests C added or changed still check the feature and
+now fail. Commits that cannot be mirrored are skipped with a `{"commit", "reason"}` record.
 """
 
 from __future__ import annotations
@@ -67,6 +63,8 @@ def _line_count(path: Path) -> int:
     return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
+# Commits that are too big, binary, Python-free or cannot be reverted are skipped with a `{"commit",
+# "reason"}` record (`"file"` too when one file could not be reverted).
 def _skip_reason(rows, mirror: Path, limits: Mapping[str, int]) -> str | None:
     paths = [p for _, _, p in rows]
     if not any(p.endswith(".py") for p in paths):
@@ -129,6 +127,11 @@ def _revert_file(
     return True, True
 
 
+# For each history commit C the "PR" is parent(C)..C. The mirror starts at the reference commit and reverts
+# the non-test files of C: a file C added is deleted; otherwise the reverse of C's diff for that file is
+# applied, or, when later commits changed the file so it no longer applies, a `rewrite` callable (usually an
+# LM) produces the reverted file; a rewrite that fails, changes nothing or does not parse drops the commit.
+# Test files are never touched, so the tests C added or changed still check the feature and now fail.
 def pr_candidates(
     tree: str | os.PathLike,
     commit: str,

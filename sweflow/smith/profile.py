@@ -1,11 +1,8 @@
 """Repository profiles: where a repository comes from and how its tests are run and read.
 
-A profile is a small mapping (inline in the config, or a YAML file): `name` (a short key for paths), `repo`
-(owner/name), `source` ("sample" for the embedded sample repository, a local git repository or a plain
-source folder), `commit` (a ref or sha; default HEAD), `version` (the harness spec key), `install` (commands
-run in each fresh sandbox before the tests), `test_cmd` (pytest with per-test lines: `path::test STATUS`, past collection errors),
-`log_parser` (a parser function of the installed harness package), timeouts and the share of tests the
-reference run must pass.
+A profile is a small mapping (inline in the config, or a YAML file) naming the repository, its source and
+commit, the install commands, the test command and the log parser (every key is described above
+`RepoProfile`).
 """
 
 from __future__ import annotations
@@ -41,6 +38,12 @@ _KEYS = {
 }
 
 
+# A profile is a small mapping (inline in the config, or a YAML file): `name` (a short key for paths), `repo`
+# (owner/name), `source` ("sample" for the embedded sample repository, a local git repository or a plain
+# source folder), `commit` (a ref or sha; default HEAD), `version` (the harness spec key), `install` (commands
+# run in each fresh sandbox before the tests), `test_cmd` (pytest with per-test lines: `path::test STATUS`,
+# past collection errors), `log_parser` (a parser function of the installed harness package), timeouts and the
+# share of tests the reference run must pass.
 @dataclass(frozen=True)
 class RepoProfile:
     name: str

@@ -2,8 +2,7 @@
 
 The prompts live in `sweflow/smith/prompts/*.md` (package data): plain text whose `$name` placeholders are
 filled with `string.Template` (values are never re-parsed, so code full of `$` or braces is safe); each
-file's sha256 goes into the metadata of what it produced. A statement is rejected when it gives the fix
-away (see `leaks`) or is too short; the LM is asked again with the reasons, up to `attempts` times.
+file's sha256 goes into the metadata of what it produced.
 """
 
 from __future__ import annotations
@@ -147,6 +146,8 @@ def _bounded(output: str, limit: int = MAX_OUTPUT_CHARS) -> str:
     return f"[... {len(output) - len(cut)} earlier characters omitted ...]\n{cut}"
 
 
+# A statement is rejected when it gives the fix away (see `leaks`) or is too short; the LM is asked again with
+# the reasons, up to `attempts` times.
 def write_statement(
     task: Mapping[str, Any], *, settings: LMSettings, failing_output: str, attempts: int = 3
 ) -> dict[str, Any]:

@@ -1,9 +1,7 @@
 """The bug strategies, one registered function each, picked by name (`STRATEGIES[name](shard)`).
 
 Every function makes the candidates of one shard of one strategy from a checked-out reference tree and
-returns (candidates, skipped items with their reasons). What a strategy needs beyond the tree comes in the
-`Shard`: its own options, the LM endpoint (opened by the caller, which records it) and, for `combine`, the
-candidates validation kept.
+returns (candidates, skipped items with their reasons).
 """
 
 from __future__ import annotations
@@ -21,6 +19,8 @@ from .candidates import Candidate, shard_of
 Result = tuple[list[Candidate], list[dict[str, Any]]]
 
 
+# What a strategy needs beyond the tree comes in the `Shard`: its own options, the LM endpoint (opened by the
+# caller, which records it) and, for `combine`, the candidates validation kept.
 @dataclass(frozen=True)
 class Shard:
     """One shard of one strategy's work."""

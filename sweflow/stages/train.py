@@ -1,10 +1,8 @@
 """The train stage (rules/train.smk) as plain functions: model preparation (resolve, download, Megatron
 checkpoint), the optional warm start, and the GRPO run on the validated tasks of one split.
 
-The run's folder is results/<dataset>/grpo/<run>/. Its declared outputs (summary.json, metrics.jsonl,
-rollouts/, final/) are published at the end; the working state (work/: checkpoints/, the live
-metrics.jsonl and rollouts/) is not an output, so an interrupted run that Snakemake reruns resumes from
-its last checkpoint. A changed recipe (work/recipe.json differs) starts over.
+The run's folder is results/<dataset>/grpo/<run>/: an interrupted run that Snakemake reruns resumes from
+its last checkpoint; a changed recipe starts over (see above `train_grpo_step`).
 """
 
 from __future__ import annotations
@@ -239,6 +237,10 @@ def _checkpoints(work: Path) -> list[dict[str, Any]]:
     return found
 
 
+# The run's folder is results/<dataset>/grpo/<run>/. Its declared outputs (summary.json, metrics.jsonl,
+# rollouts/, final/) are published at the end; the working state (work/: checkpoints/, the live metrics.jsonl
+# and rollouts/) is not an output, so an interrupted run that Snakemake reruns resumes from its last
+# checkpoint. A changed recipe (work/recipe.json differs) starts over.
 def train_grpo_step(
     tasks: str | os.PathLike,
     model_dir: str | os.PathLike,

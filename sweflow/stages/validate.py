@@ -1,10 +1,8 @@
 """The validate stage (rules/validate.smk) as plain functions: per-task inputs, one task's verdict, the summary.
 
-``write_task_inputs`` (checkpoint: one byte-stable file per task = the JSONL row's metadata plus the gold
-patch from the split parquet), ``validate_task_file`` (one task, in fresh sandboxes: the verdicts are
-``sweflow.grading.task_validation``'s; every evaluation's whole log and status map go gzip-compressed next to
-the verdict, ``sweflow.grading.evaluate.write_evidence``), ``summarize`` (report + ``tasks.valid.jsonl``;
-broken tasks are listed with their reason, never silently dropped; ``error`` tasks are retried next run).
+``write_task_inputs`` (checkpoint: one byte-stable file per task), ``validate_task_file`` (one task, in
+fresh sandboxes), ``summarize`` (report + ``tasks.valid.jsonl``; broken tasks are listed with their reason,
+never silently dropped; ``error`` tasks are retried next run).
 """
 
 from __future__ import annotations
@@ -59,6 +57,8 @@ def gold_patches(parquet: str | os.PathLike, *, split: str, shape: str = "auto")
     return {i["instance_id"]: i.get("patch") or "" for i in instances}
 
 
+# ``write_task_inputs`` (a checkpoint) writes one byte-stable file per task = the JSONL row's metadata plus
+# the gold patch from the split parquet.
 def write_task_inputs(
     jsonl: str | os.PathLike,
     parquet: str | os.PathLike,
@@ -98,6 +98,9 @@ def write_task_inputs(
     return ids
 
 
+# ``validate_task_file`` validates one task, in fresh sandboxes: the verdicts are
+# ``sweflow.grading.task_validation``'s; every evaluation's whole log and status map go gzip-compressed next
+# to the verdict, ``sweflow.grading.evaluate.write_evidence``.
 def validate_task_file(
     task_file: str | os.PathLike,
     out: str | os.PathLike,

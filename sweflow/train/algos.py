@@ -1,17 +1,8 @@
 """The GRPO formulas sweflow trains with, as small pure functions on tensors (one place for each).
 
-- `group_advantages`: A_i = (r_i - mean_g) / (std_g + eps) over each group's *valid* samples (std unbiased);
-  aborted samples and groups left with fewer than 2 valid samples get 0 (no gradient).
-- `whiten`: batch whitening of token advantages over the loss tokens (masked mean, Bessel variance, eps 1e-8),
-  the recipe's second step after `group_advantages` (slime's --normalize-advantages).
-- `tis_weights`: token TIS w_t = clamp(exp(logp_old - logp_rollout), 0, cap), no gradient.
-- `k3_kl`: low_var_kl with d = logp_ref - logp: exp(d) - 1 - d, clamped to [-10, 10].
-- `ppo_clip_loss`: max(-A r, -A clamp(r, 1 - eps_low, 1 + eps_high)), r = exp(logp - logp_old).
-- `per_sample_mean`: mean over each sample's loss tokens, then over samples.
-- `grpo_loss`: the recipe's loss from those pieces, with the per-step statistics the metrics report.
-The TRL engine computes its loss with `grpo_loss`; verl's own core_algos are configured to the same formulas,
-and verl's advantages with whitening come from `group_advantages` + `whiten` too (sweflow.train.verl_advantage;
-tests check both against numbers computed from the formulas).
+Each formula is written above its function. The TRL engine computes its loss with `grpo_loss`; verl's own
+core_algos are configured to the same formulas, and verl's advantages with whitening come from
+`group_advantages` + `whiten` too (sweflow.train.verl_advantage).
 """
 
 from __future__ import annotations
@@ -20,9 +11,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# Tests check both (the TRL engine's loss and verl's whitened advantages) against numbers computed from the
+# formulas.
+
 KL_CLAMP = 10.0
 
 
+# `group_advantages`: A_i = (r_i - mean_g) / (std_g + eps) over each group's *valid* samples (std unbiased);
+# aborted samples and groups left with fewer than 2 valid samples get 0 (no gradient).
 def group_advantages(
     rewards: Sequence[float],
     groups: Sequence[Any],
@@ -49,6 +45,8 @@ def group_advantages(
     return out
 
 
+# `whiten`: batch whitening of token advantages over the loss tokens (masked mean, Bessel variance, eps 1e-8),
+# the recipe's second step after `group_advantages` (slime's --normalize-advantages).
 def whiten(values: Any, mask: Any, eps: float = 1e-8, *, all_reduce: Any = None) -> Any:
     """(values - masked mean) / sqrt(masked Bessel variance + eps), zero outside the mask.
 
@@ -64,6 +62,7 @@ def whiten(values: Any, mask: Any, eps: float = 1e-8, *, all_reduce: Any = None)
     return (values - mean) * (var + eps).rsqrt() * mask
 
 
+# `tis_weights`: token TIS w_t = clamp(exp(logp_old - logp_rollout), 0, cap), no gradient.
 def tis_weights(old_logp: Any, rollout_logp: Any, cap: float) -> Any:
     """Truncated importance weights of the trainer's old policy over the rollout engine's policy."""
     import torch
@@ -71,6 +70,7 @@ def tis_weights(old_logp: Any, rollout_logp: Any, cap: float) -> Any:
     return torch.clamp(torch.exp(old_logp - rollout_logp), min=0.0, max=cap).detach()
 
 
+# `k3_kl`: low_var_kl with d = logp_ref - logp: exp(d) - 1 - d, clamped to [-10, 10].
 def k3_kl(logp: Any, ref_logp: Any) -> Any:
     """The low-variance (k3) KL estimate per token, clamped like the reference trainers clamp it."""
     import torch
@@ -79,6 +79,7 @@ def k3_kl(logp: Any, ref_logp: Any) -> Any:
     return torch.clamp(torch.exp(delta) - 1 - delta, min=-KL_CLAMP, max=KL_CLAMP)
 
 
+# `ppo_clip_loss`: max(-A r, -A clamp(r, 1 - eps_low, 1 + eps_high)), r = exp(logp - logp_old).
 def ppo_clip_loss(logp: Any, old_logp: Any, advantages: Any, clip_low: float, clip_high: float) -> tuple:
     """(per-token clipped policy loss, per-token 'was clipped' flag) with the asymmetric high side."""
     import torch
@@ -89,6 +90,7 @@ def ppo_clip_loss(logp: Any, old_logp: Any, advantages: Any, clip_low: float, cl
     return torch.maximum(loss1, loss2), (loss2 > loss1).to(logp.dtype)
 
 
+# `per_sample_mean`: mean over each sample's loss tokens, then over samples.
 def per_sample_mean(values: Any, mask: Any, weight: Any = None) -> Any:
     """Mean over each sample's loss tokens, then over the samples (a sample with no loss token counts 0).
 
@@ -128,6 +130,7 @@ class LossConfig:
         )
 
 
+# `grpo_loss`: the recipe's loss from those pieces, with the per-step statistics the metrics report.
 def grpo_loss(
     logp: Any,
     old_logp: Any,

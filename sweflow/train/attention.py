@@ -1,9 +1,7 @@
 """Blockwise sliding-window attention for the tiny models' long sessions on CPU.
 
-With sliding-window attention, SDPA gets an explicit mask and computes every query against every key:
-O(n^2) for a 6k-token Claude Code session, most of it masked out. `blockwise_attention` runs SDPA on
-query blocks against only the keys their window can reach (plus the mask's own slice, so padding and the
-window stay exact): O(n x window). Registered with transformers as "sweflow_blockwise" (SDPA's mask);
+`blockwise_attention` runs SDPA on query blocks against only the keys their window can reach: O(n x window)
+instead of O(n^2). Registered with transformers as "sweflow_blockwise" (SDPA's mask);
 `attention_for(config)` names it for a model whose every layer is sliding-window, else None.
 """
 
@@ -15,6 +13,10 @@ NAME = "sweflow_blockwise"
 BLOCK = 256
 
 
+# With sliding-window attention, SDPA gets an explicit mask and computes every query against every key: O(n^2)
+# for a 6k-token Claude Code session, most of it masked out. `blockwise_attention` runs SDPA on query blocks
+# against only the keys their window can reach (plus the mask's own slice, so padding and the window stay
+# exact): O(n x window).
 def blockwise_attention(
     module: Any,
     query: Any,

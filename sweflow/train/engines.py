@@ -1,10 +1,8 @@
 """The training engines, one registered function each, picked by `train.engine` (`ENGINES[name](run)`).
 
-- `trl`: TRL in the rule's process, or one process per rank through sweflow.train.launch (data parallel
-  over the job's nodes);
-- `verl`: verl's synchronous trainer (Megatron + vLLM on Ray) through a generated launch script, then
-  verl's merger for the final Hugging Face checkpoint.
-Each returns the engine's part of the run summary; the stage publishes the run folder.
+`trl` (TRL, in the rule's process or one process per rank) and `verl` (verl's synchronous trainer through a
+generated launch script); see above `run_trl` and `run_verl`. Each returns the engine's part of the run
+summary; the stage publishes the run folder.
 """
 
 from __future__ import annotations
@@ -58,6 +56,8 @@ def engine(
     return register
 
 
+# `trl`: TRL in the rule's process, or one process per rank through sweflow.train.launch (data parallel over
+# the job's nodes).
 @engine("trl")
 def run_trl(r: EngineRun) -> dict[str, Any]:
     recipe, rows, model_dir, work, train, sandbox, provider = (
@@ -104,6 +104,8 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
             "nodes": [n.name for n in plan.nodes] or None}  # fmt: skip
 
 
+# `verl`: verl's synchronous trainer (Megatron + vLLM on Ray) through a generated launch script, then verl's
+# merger for the final Hugging Face checkpoint.
 @engine("verl")
 def run_verl(r: EngineRun) -> dict[str, Any]:
     recipe, rows, model_dir, work, train, sandbox, provider = (

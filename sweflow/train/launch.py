@@ -1,20 +1,8 @@
 """Where the TRL trainer's processes run: in this process, under torchrun here, or under torchrun on every
 node of the Slurm allocation (one static rendezvous on the first node).
 
-A recipe's world size is `parallel.nodes x max(parallel.gpus_per_node, 1)` (one process per GPU, one per
-node on CPU, where torch.distributed uses gloo). `plan(...)` turns it into the command that starts them:
-
-- world size 1: no command (the rule's own process trains);
-- inside a Slurm job (`$SLURM_JOB_ID`, the only Slurm variable Snakemake's plugin leaves): one `srun` task
-  per node of the allocation (`--overlap`: the batch step already holds the allocation), each a torchrun
-  agent with `--node-rank=$SLURM_NODEID` (srun sets it for its tasks), the rendezvous at the first node's
-  address (the batch step runs there, so a free port is picked there);
-- outside Slurm with world size > 1: torchrun with every process on this machine (a
-  multi-GPU box, or a CPU rehearsal of a multi-node recipe).
-
-The processes run `python -m sweflow.train.worker`; what they train comes in `$SWEFLOW_TRAIN_SPEC`
-(JSON), which the worker removes from its environment before it starts anything (no sandbox, proxy or
-child inherits it).
+`plan(...)` turns a recipe's world size into the command that starts its processes (see above `plan`);
+they run `python -m sweflow.train.worker` and get what they train in `$SWEFLOW_TRAIN_SPEC` (JSON).
 """
 
 from __future__ import annotations
@@ -28,6 +16,9 @@ from ..slurm import Node, allocation_nodes
 from ..util import free_port, log
 from .recipe import Recipe
 
+# The processes run `python -m sweflow.train.worker`; what they train comes in `$SWEFLOW_TRAIN_SPEC` (JSON),
+# which the worker removes from its environment before it starts anything (no sandbox, proxy or child inherits
+# it).
 WORKER_MODULE = "sweflow.train.worker"
 SPEC_ENV = "SWEFLOW_TRAIN_SPEC"
 
@@ -52,6 +43,16 @@ def processes_per_node(recipe: Recipe) -> int:
     return max(recipe.parallel.gpus_per_node, 1)
 
 
+# A recipe's world size is `parallel.nodes x max(parallel.gpus_per_node, 1)` (one process per GPU, one per
+# node on CPU, where torch.distributed uses gloo). `plan(...)` turns it into the command that starts them:
+#
+# - world size 1: no command (the rule's own process trains);
+# - inside a Slurm job (`$SLURM_JOB_ID`, the only Slurm variable Snakemake's plugin leaves): one `srun` task
+#   per node of the allocation (`--overlap`: the batch step already holds the allocation), each a torchrun
+#   agent with `--node-rank=$SLURM_NODEID` (srun sets it for its tasks), the rendezvous at the first node's
+#   address (the batch step runs there, so a free port is picked there);
+# - outside Slurm with world size > 1: torchrun with every process on this machine (a multi-GPU box, or a CPU
+#   rehearsal of a multi-node recipe).
 def plan(
     recipe: Recipe,
     *,
@@ -60,7 +61,7 @@ def plan(
     nodes: Sequence[Node] | None = None,
     port: int | None = None,
 ) -> Launch:
-    """The launch of `recipe`'s processes (see the module docstring). `nodes`: the allocation's nodes when
+    """The launch of `recipe`'s processes (see the comment above). `nodes`: the allocation's nodes when
     already known (else asked of Slurm by `job_id`); `port`: the rendezvous port (else a free one here)."""
     p = recipe.parallel
     world = p.world_size

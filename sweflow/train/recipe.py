@@ -2,8 +2,7 @@
 
 `Recipe.from_config(cfg)` reads the filled section (schema defaults applied by sweflow.config);
 `check_recipe(recipe)` raises one ConfigError line for a combination the chosen engine cannot run
-(context parallelism on TRL, say), before any job starts. The engines map a Recipe onto their own
-configuration (`sweflow.train.trl_engine.grpo_args`, `sweflow.train.verl_engine.verl_overrides`).
+(context parallelism on TRL, say), before any job starts.
 """
 
 from __future__ import annotations
@@ -40,6 +39,8 @@ class Parallel:
         return self.nodes * max(self.gpus_per_node, 1)
 
 
+# The engines map a Recipe onto their own configuration (`sweflow.train.trl_engine.grpo_args`,
+# `sweflow.train.verl_engine.verl_overrides`).
 @dataclass(frozen=True)
 class Recipe:
     """Every knob of a synchronous GRPO run, engine-neutral. Sizes are in samples unless named prompts."""

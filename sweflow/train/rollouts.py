@@ -1,14 +1,8 @@
 """Rollouts of the policy being trained: the token-recording proxy in front of an engine, sweflow's
 Dispatcher over a sandbox provider, and what a trainer needs from each sample.
 
-`PolicyRollouts` starts one proxy (engine = the live policy for TRL) and runs (row, group index) pairs
-through `Dispatcher.run_sample`: sandbox, Claude Code through the proxy, patch, fresh-sandbox evaluation,
-integrity, reward. `completion_of` turns a result into its final lineage (prompt, completion, logprobs,
-env_mask) plus the earlier lineages of a split session; `sample_record` is the rollouts/step-<n>.jsonl line (no
-secret, no patch text); `step_stats` the rollout half of a metrics.jsonl line.
-
-Aborted samples (sandbox died, agent timeout, proxy error, evaluation infrastructure) are `valid=False`:
-left out of the update and counted by reason, never trained on as reward 0.
+`PolicyRollouts` runs samples through `Dispatcher.run_sample`; `completion_of`, `sample_record` and
+`step_stats` turn results into what a trainer needs. Aborted samples are never trained on as reward 0.
 """
 
 from __future__ import annotations
@@ -67,6 +61,11 @@ def lineage_of(sample: dict, *, max_context_tokens: int) -> Lineage | None:
     return Lineage(list(ids[:cut]), comp, lp, env, truncated)
 
 
+# `completion_of` turns a result into its final lineage (prompt, completion, logprobs, env_mask) plus the
+# earlier lineages of a split session.
+#
+# Aborted samples (sandbox died, agent timeout, proxy error, evaluation infrastructure) are `valid=False`:
+# left out of the update and counted by reason, never trained on as reward 0.
 def completion_of(result: RolloutResult, *, max_context_tokens: int, pad_id: int) -> Completion:
     """The session's linearised samples as a Completion: the last one (its reward's) first, the earlier
     lineages in `extras` (every lineage is trained, as on verl).
@@ -88,6 +87,7 @@ def completion_of(result: RolloutResult, *, max_context_tokens: int, pad_id: int
     )  # fmt: skip
 
 
+# `sample_record` is the rollouts/step-<n>.jsonl line (no secret, no patch text).
 def sample_record(
     result: RolloutResult, *, step: int, group: int, completion: Completion | None = None
 ) -> dict:
@@ -131,6 +131,7 @@ def sample_std(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+# `step_stats` gives the rollout half of a metrics.jsonl line.
 def step_stats(records: Sequence[dict]) -> dict[str, Any]:
     """Rollout statistics of one step from its sample records (the counts add up: completed + aborted =
     samples; groups_with_gradient + groups_without_gradient = groups)."""
@@ -167,6 +168,9 @@ def step_stats(records: Sequence[dict]) -> dict[str, Any]:
     }
 
 
+# `PolicyRollouts` starts one proxy (engine = the live policy for TRL) and runs (row, group index) pairs
+# through `Dispatcher.run_sample`: sandbox, Claude Code through the proxy, patch, fresh-sandbox evaluation,
+# integrity, reward.
 class PolicyRollouts:
     """One proxy in front of `engine` and a Dispatcher over `provider`; `with PolicyRollouts(...) as pr:`.
 

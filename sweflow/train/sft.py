@@ -1,32 +1,8 @@
 """Supervised fine-tuning on chat trajectories (OpenAI-style messages + tools) with TRL's `SFTTrainer`.
 
-Each row is rendered with the model's chat template (tool-call `arguments` JSON strings parsed to dicts
-first, `tools` passed along) and tokenized once; only the tokens the model generates in its own turns are
-trained on (assistant-only loss). A row over `max_length` tokens is cut to its first `max_length` tokens
-(`overlong: truncate`, as SWE-smith's torchtune recipe does with `max_seq_len`) or dropped (`drop`); either
-way it is counted, with its length, in the summary.
-
-How the assistant mask is built, in the order TRL's SFTTrainer itself decides (sft_trainer.py: "swap in a
-training chat template with {% generation %} markers if the current template doesn't already have them"):
-
-1. the tokenizer's template has `{% generation %}` markers: `apply_chat_template(...,
-   return_assistant_tokens_mask=True)`, the span the template marks (TRL's own training templates mark
-   `<|im_end|>\n`, newline included);
-2. else TRL ships a training template for the model family (`trl.chat_template_utils.
-   get_training_chat_template`: prefix-preserving, with markers; e.g. Qwen3's keeps earlier reasoning): rows
-   are rendered and masked with it (the saved tokenizer keeps its own template for inference);
-3. else (an unknown template without markers, like the tiny model's) the mask comes from prefixes: for each
-   assistant message i, `messages[:i]` rendered with the generation prompt must be a prefix of
-   `messages[:i+1]`, which must be a prefix of the next rendering and of the whole conversation. The
-   characters between the two are the model's turn, less the glue after its end-of-turn token (the "\n"
-   after `<|im_end|>`); a token is masked when it overlaps such a span (transformers maps marker spans to
-   tokens the same way). A template that is not prefix-stable raises TrainError naming the row.
-
-The tokenized examples go to SFTTrainer as a pre-tokenized dataset: `input_ids` + `assistant_masks`. TRL
-1.16 recognises a processed dataset by its `input_ids` column and folds `assistant_masks` into `labels`
-(-100 where the mask is 0) whatever `assistant_only_loss` says, so `assistant_only_loss` stays False (it
-would demand a conversational dataset); `packing=False`, `max_length` is the limit applied here (TRL's own
-truncation is then a no-op).
+Each row is rendered with the model's chat template and tokenized once; only the tokens the model generates
+in its own turns are trained on (assistant-only loss; how the mask is built: above `_mask_plan`). A row
+over `max_length` tokens is truncated or dropped (`overlong`) and counted, with its length, in the summary.
 """
 
 from __future__ import annotations
@@ -119,6 +95,21 @@ def _messages(row: Mapping[str, Any], rid: str) -> list[dict[str, Any]] | None:
     return out
 
 
+# How the assistant mask is built, in the order TRL's SFTTrainer itself decides (sft_trainer.py: "swap in a
+# training chat template with {% generation %} markers if the current template doesn't already have them"):
+#
+# 1. the tokenizer's template has `{% generation %}` markers: `apply_chat_template(...,
+#   return_assistant_tokens_mask=True)`, the span the template marks (TRL's own training templates mark
+#   `<|im_end|>\n`, newline included);
+# 2. else TRL ships a training template for the model family (`trl.chat_template_utils.
+#   get_training_chat_template`: prefix-preserving, with markers; e.g. Qwen3's keeps earlier reasoning): rows
+#   are rendered and masked with it (the saved tokenizer keeps its own template for inference);
+# 3. else (an unknown template without markers, like the tiny model's) the mask comes from prefixes: for each
+#   assistant message i, `messages[:i]` rendered with the generation prompt must be a prefix of
+#   `messages[:i+1]`, which must be a prefix of the next rendering and of the whole conversation. The
+#   characters between the two are the model's turn, less the glue after its end-of-turn token (the "\n" after
+#   `<|im_end|>`); a token is masked when it overlaps such a span (transformers maps marker spans to tokens
+#   the same way). A template that is not prefix-stable raises TrainError naming the row.
 def _mask_plan(tokenizer: Any) -> tuple[str | None, bool]:
     """(chat template to render with, None = the tokenizer's; whether it has generation markers)."""
     from trl.chat_template_utils import get_training_chat_template, has_generation_markers
@@ -185,6 +176,11 @@ def _span_mask(offsets: list, spans: list[tuple[int, int]]) -> list[int]:
     return mask
 
 
+# Each row is rendered with the model's chat template (tool-call `arguments` JSON strings parsed to dicts
+# first, `tools` passed along) and tokenized once; only the tokens the model generates in its own turns are
+# trained on (assistant-only loss). A row over `max_length` tokens is cut to its first `max_length` tokens
+# (`overlong: truncate`, as SWE-smith's torchtune recipe does with `max_seq_len`) or dropped (`drop`); either
+# way it is counted, with its length, in the summary.
 def build_example(
     row: Mapping, tokenizer: Any, max_length: int, *, index: int | None = None, overlong: str = "truncate"
 ) -> dict:
@@ -333,6 +329,11 @@ def _resume(ckpt_dir: Path, metrics_path: Path, write: bool) -> tuple[str | None
     return last, int(step), lines
 
 
+# The tokenized examples go to SFTTrainer as a pre-tokenized dataset: `input_ids` + `assistant_masks`. TRL
+# 1.16 recognises a processed dataset by its `input_ids` column and folds `assistant_masks` into `labels`
+# (-100 where the mask is 0) whatever `assistant_only_loss` says, so `assistant_only_loss` stays False (it
+# would demand a conversational dataset); `packing=False`, `max_length` is the limit applied here (TRL's own
+# truncation is then a no-op).
 def _sft_config(settings: SFTSettings, ckpt_dir: Path):
     import torch
     from trl import SFTConfig

@@ -1,22 +1,8 @@
 """Where the SFT trainer's processes run, and one process of it (`python -m sweflow.train.sft_worker SPEC`).
 
-`sft_launch(...)` plans the processes of an SFT run (`nodes x max(gpus_per_node, 1)` of them), like
-sweflow.train.launch does for GRPO (and with its node discovery, port picking and `Launch` record):
-
-- world size 1: no command (the caller's own process trains, `train_sft`);
-- inside a Slurm job: one `srun` task per node, each an `accelerate launch` agent with
-  `--machine_rank $SLURM_NODEID` (expanded by the task's own shell) and a static rendezvous at the first
-  node's address;
-- outside Slurm: `accelerate launch` with every process on this machine.
-
-`accelerate_command(...)` builds that `accelerate launch` line: data parallel over all processes, with FSDP2
-(`--use_fsdp --fsdp_version 2`, transformer-layer wrapping, full state dict for the final save; the flags of
-TRL's trl/accelerate_configs/fsdp2.yaml) when `settings.fsdp == "fsdp2"`, plain DDP (`--multi_gpu`)
-otherwise. Under FSDP activation checkpointing is FSDP's (`--fsdp_activation_checkpointing`), since the
-Trainer refuses both at once.
-
-The spec (JSON): rows (a JSONL path), model_dir, out_dir, settings (SFTSettings fields), metrics_path and
-optionally summary_path. Every rank trains; rank 0 writes the metrics, the final folder and the summary.
+`sft_launch(...)` plans the processes of an SFT run like sweflow.train.launch does for GRPO;
+`accelerate_command(...)` builds their `accelerate launch` line (FSDP2 or plain DDP). Every rank trains;
+rank 0 writes the metrics, the final folder and the summary.
 """
 
 from __future__ import annotations
@@ -38,6 +24,11 @@ from .sft import SFTSettings
 SFT_WORKER_MODULE = "sweflow.train.sft_worker"
 
 
+# `accelerate_command(...)` builds that `accelerate launch` line: data parallel over all processes, with FSDP2
+# (`--use_fsdp --fsdp_version 2`, transformer-layer wrapping, full state dict for the final save; the flags of
+# TRL's trl/accelerate_configs/fsdp2.yaml) when `settings.fsdp == "fsdp2"`, plain DDP (`--multi_gpu`)
+# otherwise. Under FSDP activation checkpointing is FSDP's (`--fsdp_activation_checkpointing`), since the
+# Trainer refuses both at once.
 def accelerate_command(
     settings: SFTSettings,
     nodes: int,
@@ -98,6 +89,13 @@ def _shell_join(argv: Sequence[str], raw: str) -> str:
     return " ".join(out)
 
 
+# `sft_launch(...)` plans the processes of an SFT run (`nodes x max(gpus_per_node, 1)` of them), like
+# sweflow.train.launch does for GRPO (and with its node discovery, port picking and `Launch` record):
+#
+# - world size 1: no command (the caller's own process trains, `train_sft`);
+# - inside a Slurm job: one `srun` task per node, each an `accelerate launch` agent with `--machine_rank
+#   $SLURM_NODEID` (expanded by the task's own shell) and a static rendezvous at the first node's address;
+# - outside Slurm: `accelerate launch` with every process on this machine.
 def sft_launch(
     settings: SFTSettings,
     spec_path: str | os.PathLike,
@@ -109,7 +107,7 @@ def sft_launch(
     allocation: Sequence[Node] | None = None,
     port: int | None = None,
 ) -> Launch:
-    """The launch of an SFT run's processes (module docstring); `allocation`: the Slurm job's nodes when
+    """The launch of an SFT run's processes (comment above); `allocation`: the Slurm job's nodes when
     already known (else asked of Slurm by `job_id`), `port`: the rendezvous port (else a free one here)."""
     world = nodes * max(gpus_per_node, 1)
     if world == 1:
@@ -160,6 +158,8 @@ def _read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
+# The spec (JSON): rows (a JSONL path), model_dir, out_dir, settings (SFTSettings fields), metrics_path and
+# optionally summary_path. Every rank trains; rank 0 writes the metrics, the final folder and the summary.
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:

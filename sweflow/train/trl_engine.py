@@ -1,18 +1,8 @@
 """The TRL engine: TRL 1.16's GRPOTrainer with sweflow's rollouts and the recipe's loss.
 
-- `grpo_args(recipe, ...)` maps the Recipe onto a GRPOConfig (one generation per step of prompts x n
-  samples, `updates_per_step` optimizer updates of `global_batch` samples, micro-batches of `micro_batch`).
-- The proxy's engine is the trainer's live policy (`LivePolicyEngine` over the unwrapped model): every step
-  samples from the current weights, so there is nothing to sync (weight_sync_s is the no-op's time).
-- `SweflowGRPOTrainer` overrides three things: the rollout function (sweflow's Dispatcher; each session's
-  final lineage is TRL's completion, the earlier lineages of a split session ride along and are trained
-  too, see `sweflow.train.rollouts.completion_of`), the advantages (`sweflow.train.algos.group_advantages`
-  over valid samples only, every lineage of a session with the session's; aborted samples lose every loss
-  token; every lineage weighs as one sample, as a row of verl's batch does), and the loss
-  (`sweflow.train.algos.grpo_loss`: PPO clip with the high side, token TIS on the recorded rollout
-  logprobs, clamped k3 KL to the reference model, per-sample mean). TRL's own loss would weigh its KL by the
-  ratio, skip the clamp and, without vLLM, ignore the rollout logprobs (REFERENCE "TRL 1.16").
-- Each optimizer step appends one line to metrics.jsonl; each generation writes rollouts/step-<n>.jsonl.
+`grpo_args(recipe, ...)` maps the Recipe onto a GRPOConfig; the proxy's engine is the trainer's live
+policy; `SweflowGRPOTrainer` overrides the rollout function, the advantages and the loss (each is noted
+above the code it concerns). Each optimizer step appends one line to metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -31,6 +21,8 @@ from .recipe import Recipe
 log = logging.getLogger("sweflow.train")
 
 
+# `grpo_args(recipe, ...)` maps the Recipe onto a GRPOConfig (one generation per step of prompts x n samples,
+# `updates_per_step` optimizer updates of `global_batch` samples, micro-batches of `micro_batch`).
 def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int = 1) -> Any:
     """The GRPOConfig that runs `recipe` (`world_size` = processes, one per device)."""
     from trl import GRPOConfig
@@ -82,6 +74,14 @@ def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int 
     )
 
 
+# `SweflowGRPOTrainer` overrides three things: the rollout function (sweflow's Dispatcher; each session's
+# final lineage is TRL's completion, the earlier lineages of a split session ride along and are trained too,
+# see `sweflow.train.rollouts.completion_of`), the advantages (`sweflow.train.algos.group_advantages` over
+# valid samples only, every lineage of a session with the session's; aborted samples lose every loss token;
+# every lineage weighs as one sample, as a row of verl's batch does), and the loss
+# (`sweflow.train.algos.grpo_loss`: PPO clip with the high side, token TIS on the recorded rollout logprobs,
+# clamped k3 KL to the reference model, per-sample mean). TRL's own loss would weigh its KL by the ratio, skip
+# the clamp and, without vLLM, ignore the rollout logprobs (REFERENCE "TRL 1.16").
 def _trainer_class() -> type:
     """SweflowGRPOTrainer (sweflow.train.trl_trainer, imported here so that importing this module does not
     import TRL)."""
@@ -116,6 +116,10 @@ def trim_metrics(path: Path, last_step: int) -> None:
     atomic_write(path, "".join(ln + "\n" for ln in keep))
 
 
+# The proxy's engine is the trainer's live policy (`LivePolicyEngine` over the unwrapped model): every step
+# samples from the current weights, so there is nothing to sync (weight_sync_s is the no-op's time).
+#
+# Each optimizer step appends one line to metrics.jsonl; each generation writes rollouts/step-<n>.jsonl.
 def train_trl(
     recipe: Recipe,
     *,

@@ -1,21 +1,8 @@
 """The recipe's advantages on verl: group normalisation, then whitening over the batch's loss tokens.
 
-slime's `--normalize-advantages` (on in the recipe) whitens the group-normalised token advantages over every
-loss token of the step; verl's own GRPO estimator stops after the group step. This module registers
-`ESTIMATOR` in verl's advantage-estimator registry (`verl.trainer.ppo.core_algos.register_adv_est`), built
-from sweflow's formulas (`algos.group_advantages`, then `algos.whiten`), so `algorithm.adv_estimator:
-sweflow_grpo_whiten` selects it.
-
-- Loading: verl imports the modules named in $VERL_USE_EXTERNAL_MODULES whenever `verl` is imported; the
-  launch script (`verl_engine.launch_script`) exports it before Ray starts, so every Ray worker, the
-  trainer's driver (which computes the advantages) included, registers the estimator.
-- Sessions: verl's v1 trainer keys an output `{uid}_{session}_{index}` (a compacted session gives several)
-  and, for its GRPO only, takes the group statistics from each session's final output and gives the earlier
-  outputs the same advantage. Any other estimator sees one sample per output. `install()` (run at import)
-  routes this estimator through the same rule in `verl.trainer.ppo.v1.trainer_base`; other estimators go to
-  verl's function unchanged.
-- Differences from verl's GRPO besides the whitening: a group left with one finished sample gets advantage
-  0 before whitening (sweflow's `group_advantages`; verl keeps its raw reward), as the TRL engine does.
+This module registers `ESTIMATOR` in verl's advantage-estimator registry, built from sweflow's formulas
+(`algos.group_advantages`, then `algos.whiten`), so `algorithm.adv_estimator: sweflow_grpo_whiten` selects
+it; `install()` routes it through verl's per-session rule.
 """
 
 from __future__ import annotations
@@ -27,6 +14,9 @@ from typing import Any
 from .algos import group_advantages, whiten
 from .verl_engine import WHITEN_ESTIMATOR as ESTIMATOR
 from .verl_engine import WHITEN_MODULE
+
+# slime's `--normalize-advantages` (on in the recipe) whitens the group-normalised token advantages over every
+# loss token of the step; verl's own GRPO estimator stops after the group step.
 
 log = logging.getLogger("sweflow.train.verl")
 assert WHITEN_MODULE == __name__, "verl_engine.WHITEN_MODULE must name this module"
@@ -79,6 +69,8 @@ def token_advantages(
     return whiten(per_sample.unsqueeze(-1) * mask, mask)
 
 
+# Differences from verl's GRPO besides the whitening: a group left with one finished sample gets advantage 0
+# before whitening (sweflow's `group_advantages`; verl keeps its raw reward), as the TRL engine does.
 def compute_grpo_whiten_advantage(
     token_level_rewards: Any,
     response_mask: Any,
@@ -106,6 +98,11 @@ def compute_grpo_whiten_advantage(
 _VERL_MULTI: Any = None
 
 
+# Sessions: verl's v1 trainer keys an output `{uid}_{session}_{index}` (a compacted session gives several)
+# and, for its GRPO only, takes the group statistics from each session's final output and gives the earlier
+# outputs the same advantage. Any other estimator sees one sample per output. `install()` (run at import)
+# routes this estimator through the same rule in `verl.trainer.ppo.v1.trainer_base`; other estimators go to
+# verl's function unchanged.
 def compute_advantage_for_multi_trajectories(
     data: Any,
     batch_keys: Sequence[str],
@@ -116,7 +113,7 @@ def compute_advantage_for_multi_trajectories(
     norm_adv_by_std_in_grpo: bool = True,
     config: Any = None,
 ) -> Any:
-    """verl v1's `compute_advantage_for_multi_trajectories`, with sessions for `ESTIMATOR` (see module)."""
+    """verl v1's `compute_advantage_for_multi_trajectories`, with sessions for `ESTIMATOR` (see above)."""
     if str(getattr(adv_estimator, "value", adv_estimator)) != ESTIMATOR:
         return _VERL_MULTI(
             data,
@@ -141,6 +138,9 @@ def compute_advantage_for_multi_trajectories(
     return data
 
 
+# This module registers `ESTIMATOR` in verl's advantage-estimator registry
+# (`verl.trainer.ppo.core_algos.register_adv_est`), built from sweflow's formulas (`algos.group_advantages`,
+# then `algos.whiten`), so `algorithm.adv_estimator: sweflow_grpo_whiten` selects it.
 def register_estimator() -> None:
     """Put `ESTIMATOR` in verl's registry (idempotent)."""
     from verl.trainer.ppo import core_algos
@@ -164,5 +164,8 @@ def install() -> bool:
     return True
 
 
+# Loading: verl imports the modules named in $VERL_USE_EXTERNAL_MODULES whenever `verl` is imported; the
+# launch script (`verl_engine.launch_script`) exports it before Ray starts, so every Ray worker, the trainer's
+# driver (which computes the advantages) included, registers the estimator.
 register_estimator()
 install()

@@ -1,33 +1,8 @@
 """sweflow's verl agent loop: one GRPO sample = one dispatcher rollout (Claude Code in a sandbox -> proxy -> vLLM).
 
-verl (0.9.1, v1 trainer) instantiates `SweflowAgentLoop` per sample with hydra.utils.instantiate
-(trainer_config=, server_manager=, tokenizer=, processor=, hf_model_type=, dataset_cls=, data_config=,
-tools=) and awaits `run(sampling_params, **row)`. The loop runs `Dispatcher.run_sample` in a thread; the
-proxy's engine is a `ServerManagerEngine`, which schedules `server_manager.generate(request_id=<proxy
-session>, ...)` on the agent loop's event loop, so every turn of a session goes to the same vLLM server.
-
-The training parquet (one row per task; verl's RLHFDataset reads it, every column reaches `run` as a
-keyword argument and is stored with each trajectory):
-- `prompt`: [{"role": "user", "content": <the task prompt>}] (verl's prompt_key; the agent renders its own)
-- `data_source`: "sweflow"
-- `agent_name`: "sweflow_claude_code" (optional: the default agent loop is this one)
-- `sweflow_row`: the training row (sweflow.dataset.convert's JSON object) as a JSON string
-- `extra_info`: {"index": <row number>, "instance_id": <id>} (verl groups traces by index)
-verl adds `uid` (the prompt's GRPO group), `session_id` (0..n-1: the sample's group index) and
-`global_steps` (the training step).
-
-One worker process (a Ray actor) holds one proxy and one provider, built lazily from the JSON rollout spec
-at $SWEFLOW_ROLLOUT_SPEC (`load_rollout_spec`); secrets (E2B_API_KEY, ...) come from the environment,
-never from the spec. Each finished sample appends one JSON line (instance, group, reward, failure reason,
-turns, token counts; no patch, no tokens) to `<$SWEFLOW_ROLLOUT_LOG>/<host>-<pid>.jsonl`.
-
-Outputs: one AgentLoopOutput per linearised proxy sample (a compacted or forked session gives several;
-verl computes GRPO from the session's final output and gives the earlier ones its advantage), with the
-response (and its mask and logprobs) cut so the sample holds at most the context window
-(rollout.max_model_len, i.e. train.max_context_tokens) and rollout.response_length. Aborted samples return an EMPTY
-list: verl's v1 worker then stores nothing for that session, so the sample is neither trained on nor
-scored 0 and its group is normalised over the samples that finished (a group of one keeps its raw
-reward: verl's mean-0/std-1 convention). They are counted by reason in `ABORTED` and the rollout log.
+verl (0.9.1, v1 trainer) instantiates `SweflowAgentLoop` per sample and awaits `run(sampling_params, **row)`;
+the loop runs `Dispatcher.run_sample` in a thread. The row format, the worker's runtime, the rollout log and
+the outputs are described above the code they concern.
 """
 
 from __future__ import annotations
@@ -69,6 +44,8 @@ _SAMPLING_KEYS |= {"max_prompt_tokens", "max_workers", "tokenizer_copies", "chat
 # --------------------------------------------------------------------------- the engine
 
 
+# The proxy's engine is a `ServerManagerEngine`, which schedules `server_manager.generate(request_id=<proxy
+# session>, ...)` on the agent loop's event loop, so every turn of a session goes to the same vLLM server.
 class ServerManagerEngine:
     """`sweflow.proxy.engines.Engine` over verl's LLMServerClient, callable from the proxy's threads.
 
@@ -176,6 +153,9 @@ class ServerManagerEngine:
 # --------------------------------------------------------------------------- the rollout spec
 
 
+# One worker process (a Ray actor) holds one proxy and one provider, built lazily from the JSON rollout spec
+# at $SWEFLOW_ROLLOUT_SPEC (`load_rollout_spec`); secrets (E2B_API_KEY, ...) come from the environment, never
+# from the spec.
 def load_rollout_spec(path: str | os.PathLike) -> dict[str, Any]:
     """The rollout spec JSON: {"provider", "sandbox", "proxy": {host, port, public_url}, "rollout":
     {RolloutConfig fields}, "sampling": {ProxyConfig sampling fields}}; ConfigError on a bad one.
@@ -334,6 +314,13 @@ def context_length(rollout_config: Any) -> int:
     return int(declared) if declared else slots
 
 
+# Outputs: one AgentLoopOutput per linearised proxy sample (a compacted or forked session gives several; verl
+# computes GRPO from the session's final output and gives the earlier ones its advantage), with the response
+# (and its mask and logprobs) cut so the sample holds at most the context window (rollout.max_model_len, i.e.
+# train.max_context_tokens) and rollout.response_length. Aborted samples return an EMPTY list: verl's v1
+# worker then stores nothing for that session, so the sample is neither trained on nor scored 0 and its group
+# is normalised over the samples that finished (a group of one keeps its raw reward: verl's mean-0/std-1
+# convention). They are counted by reason in `ABORTED` and the rollout log.
 def sample_outputs(
     result: RolloutResult,
     *,
@@ -404,6 +391,8 @@ def sample_outputs(
     return outputs, None
 
 
+# Each finished sample appends one JSON line (instance, group, reward, failure reason, turns, token counts; no
+# patch, no tokens) to `<$SWEFLOW_ROLLOUT_LOG>/<host>-<pid>.jsonl`.
 def rollout_log_record(
     result: RolloutResult, *, step: int | None, group: str | None, dropped: str | None
 ) -> dict[str, Any]:
@@ -444,8 +433,22 @@ def append_rollout_log(record: Mapping[str, Any], folder: str | os.PathLike | No
 # --------------------------------------------------------------------------- the agent loop
 
 
+# verl (0.9.1, v1 trainer) instantiates `SweflowAgentLoop` per sample with hydra.utils.instantiate
+# (trainer_config=, server_manager=, tokenizer=, processor=, hf_model_type=, dataset_cls=, data_config=,
+# tools=) and awaits `run(sampling_params, **row)`. The loop runs `Dispatcher.run_sample` in a thread.
+#
+# The training parquet (one row per task; verl's RLHFDataset reads it, every column reaches `run` as a keyword
+# argument and is stored with each trajectory):
+# - `prompt`: [{"role": "user", "content": <the task prompt>}] (verl's prompt_key; the agent renders its own)
+# - `data_source`: "sweflow"
+# - `agent_name`: "sweflow_claude_code" (optional: the default agent loop is this one)
+# - `sweflow_row`: the training row (sweflow.dataset.convert's JSON object) as a JSON string
+# - `extra_info`: {"index": <row number>, "instance_id": <id>} (verl groups traces by index)
+#
+# verl adds `uid` (the prompt's GRPO group), `session_id` (0..n-1: the sample's group index) and
+# `global_steps` (the training step).
 class SweflowAgentLoop(AgentLoopBase):
-    """One training sample through sweflow's dispatcher; see the module docstring for the row format."""
+    """One training sample through sweflow's dispatcher; see the comment above for the row format."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,15 +1,8 @@
 """The verl launch's preflight (`python -m sweflow.train.verl_preflight`): run by the launch script on the
 head node after Ray started, before verl's trainer.
 
-1. Waits until `--nodes` Ray nodes are alive (fails after `--timeout` seconds).
-2. Checks the cluster: every node offers `--gpus-per-node` GPUs, and one Ray task pinned to each node runs
-   there (its hostname and Ray node id come back).
-3. Composes verl's trainer config from the same overrides main_ppo gets (after `--`), strict, and checks
-   that its trainer.nnodes x trainer.n_gpus_per_node is the cluster that came up.
-4. Writes the report as JSON to `--report`; exit status 0 when every check passed, 3 otherwise.
-
-With SWEFLOW_VERL_PREFLIGHT_ONLY=1 the launch script stops after it (a cluster check before a long job,
-and what CI runs without GPUs).
+It waits for the Ray nodes, checks the cluster and verl's composed trainer config, and writes a JSON report
+(exit status 0 when every check passed, 3 otherwise); the steps are listed above `main`.
 """
 
 from __future__ import annotations
@@ -21,6 +14,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+# With SWEFLOW_VERL_PREFLIGHT_ONLY=1 the launch script stops after it (a cluster check before a long job, and
+# what CI runs without GPUs).
 
 
 def wait_for_nodes(want: int, timeout: float, poll: float = 2.0) -> list[dict[str, Any]]:
@@ -84,6 +80,12 @@ def cluster_problems(nodes: list[dict[str, Any]], probes: list[dict[str, Any]], 
     return problems
 
 
+# 1. Waits until `--nodes` Ray nodes are alive (fails after `--timeout` seconds).
+# 2. Checks the cluster: every node offers `--gpus-per-node` GPUs, and one Ray task pinned to each node runs
+#   there (its hostname and Ray node id come back).
+# 3. Composes verl's trainer config from the same overrides main_ppo gets (after `--`), strict, and checks
+#   that its trainer.nnodes x trainer.n_gpus_per_node is the cluster that came up.
+# 4. Writes the report as JSON to `--report`; exit status 0 when every check passed, 3 otherwise.
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sweflow.train.verl_preflight")
     ap.add_argument("--nodes", type=int, required=True)

@@ -1,14 +1,8 @@
 """A supervised warm start: fine-tune a model on recorded agent sessions before GRPO.
 
-A random tiny model never solves a task, so GRPO on it never sees reward variance and its update is a
-no-op. The embedded default first fine-tunes it on the sessions the e2e check records: the gold policy's
-(resolved, reward 1) and the test-editing policy's (the same fix plus a test file, reward 0 by the integrity
-check). The two share every turn but the last, so the warm model solves the task sometimes and cheats
-sometimes: groups with reward variance, and a gradient that learns not to edit tests.
-
-Only the model's own tokens (loss mask 1) are trained on. For a model whose every layer uses sliding-window
-attention (window W, L layers) a token depends on the last L x W tokens only, so training on the window in
-front of each generated span is exact (RoPE positions are relative) and far cheaper than whole sessions.
+A random tiny model never solves a task, so GRPO on it never sees reward variance; a warm start on the e2e
+check's gold and test-editing sessions gives it groups with reward variance. Only the model's own tokens
+(loss mask 1) are trained on, in the window in front of each generated span (see above `receptive_field`).
 """
 
 from __future__ import annotations
@@ -21,9 +15,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# A random tiny model never solves a task, so GRPO on it never sees reward variance and its update is a no-op.
+# The embedded default first fine-tunes it on the sessions the e2e check records: the gold policy's (resolved,
+# reward 1) and the test-editing policy's (the same fix plus a test file, reward 0 by the integrity check).
+# The two share every turn but the last, so the warm model solves the task sometimes and cheats sometimes:
+# groups with reward variance, and a gradient that learns not to edit tests.
+
 log = logging.getLogger("sweflow.train")
 
 
+# Only the model's own tokens (loss mask 1) are trained on. For a model whose every layer uses sliding-window
+# attention (window W, L layers) a token depends on the last L x W tokens only, so training on the window in
+# front of each generated span is exact (RoPE positions are relative) and far cheaper than whole sessions.
 def receptive_field(config: Any) -> int | None:
     """Tokens a prediction can see (layers x window) when every layer is sliding-window; None otherwise."""
     from .attention import all_sliding

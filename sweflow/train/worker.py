@@ -2,9 +2,7 @@
 run) and `main` (`python -m sweflow.train.worker`, started by torchrun on each node; see sweflow.train.launch).
 
 Reads its spec from $SWEFLOW_TRAIN_SPEC and removes it from the environment first, so no proxy, sandbox or
-child process inherits the live config. Logs to <logs>/rank-<RANK>.log. Every rank rolls out its share of
-each step through its own proxy and sandboxes; torch.distributed (gloo on CPU, NCCL on GPUs) averages the
-gradients; rank 0 writes the metrics, rollout records, checkpoints and <result>.
+child process inherits the live config. Logs to <logs>/rank-<RANK>.log.
 """
 
 from __future__ import annotations
@@ -35,6 +33,9 @@ def proxy_settings(train: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# Every rank rolls out its share of each step through its own proxy and sandboxes; torch.distributed (gloo on
+# CPU, NCCL on GPUs) averages the gradients; rank 0 writes the metrics, rollout records, checkpoints and
+# <result>.
 def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
     """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step."""
     from ..sandbox.registry import provider_from_config

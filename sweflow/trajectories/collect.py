@@ -1,15 +1,8 @@
 """Expert trajectories: k attempts per task with the real agent, then every patch graded in a fresh sandbox.
 
-`collect_trajectories` runs the rollout dispatcher in collect-only mode (`RolloutConfig.evaluate` False):
-Claude Code in the task's sandbox, its model calls through the proxy in pass-through mode (an `Upstream`:
-the real API, or the scripted expert offline), the proxy recording every turn's request and response. Each
-attempt becomes a prediction record: the patch, the recorded turns, the tool-call integrity scan (made from
-the calls the proxy saw, never from the sandbox's account) and the agent's outcome.
-
-`grade_predictions` evaluates each prediction's patch in a fresh sandbox with the same evaluator the reward
-uses, and decides what may be trained on: only a completed attempt whose patch resolves the task and whose
-tool calls and patch broke no integrity rule is kept. An attempt whose collection or evaluation failed for an
-infrastructure reason is reported as such (`status` "aborted" / "error"), never as a verdict on the task.
+`collect_trajectories` runs the rollout dispatcher in collect-only mode, the proxy recording every turn;
+`grade_predictions` keeps only completed attempts whose patch resolves the task and broke no integrity
+rule. An infrastructure failure is reported as such, never as a verdict on the task.
 """
 
 from __future__ import annotations
@@ -56,6 +49,11 @@ def prediction_record(result: RolloutResult, attempt: int) -> dict[str, Any]:
     }
 
 
+# `collect_trajectories` runs the rollout dispatcher in collect-only mode (`RolloutConfig.evaluate` False):
+# Claude Code in the task's sandbox, its model calls through the proxy in pass-through mode (an `Upstream`:
+# the real API, or the scripted expert offline), the proxy recording every turn's request and response. Each
+# attempt becomes a prediction record: the patch, the recorded turns, the tool-call integrity scan (made from
+# the calls the proxy saw, never from the sandbox's account) and the agent's outcome.
 def collect_trajectories(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -173,6 +171,10 @@ def grade_prediction(
     ), log_text
 
 
+# `grade_predictions` evaluates each prediction's patch in a fresh sandbox with the same evaluator the reward
+# uses, and decides what may be trained on: only a completed attempt whose patch resolves the task and whose
+# tool calls and patch broke no integrity rule is kept. An attempt whose collection or evaluation failed for
+# an infrastructure reason is reported as such (`status` "aborted" / "error"), never as a verdict on the task.
 def grade_predictions(
     predictions: Sequence[Mapping[str, Any]],
     rows: Mapping[str, Mapping[str, Any]],

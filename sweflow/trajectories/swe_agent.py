@@ -1,31 +1,7 @@
 """SWE-agent `.traj` files (0.x and 1.x) -> `Trajectory`.
 
-A `.traj` is one JSON object: ``history`` (every message of the run: role, content, agent; 1.x adds
-message_type, and on assistant turns thought/action/tool_calls, on tool results tool_call_ids),
-``trajectory`` (one step per model call: action, observation, response, thought, state,
-execution_time; 1.x adds query, the model input of that step, which 1.0 called messages and held the
-history after the step), ``info`` (submission, exit_status, model_stats, swe_agent_version ...) and
-``environment``; 1.x adds ``replay_config`` (the run config as a JSON string). A retry-agent file keeps
-its runs under ``attempts`` and copies the chosen one to the top level.
-
-Mapping (history entries of the main agent only, i.e. the agent of the first entry):
-
-- ``system``: the first system message, exactly; later system messages stay in `messages`.
-- user -> ``{"role": "user"}``; assistant -> ``{"role": "assistant", "content"}`` (the raw model
-  output: for 0.x / text-action runs the action sits in it), plus ``tool_calls`` (id, type, function
-  name, arguments as the JSON string) when the turn has calls; tool -> ``{"role": "tool",
-  "tool_call_id", "name", "content"}`` with the name of the call it answers. Content lists (1.x cache
-  marks) become their text. Demonstrations (``is_demo``) stay in, counted in meta.
-- ``text_messages``: 1.x with a query / messages in the last step: what SWE-smith's converter writes
-  (`text_form.swesmith_text_messages`); 0.x (SWE-smith cannot convert it): the system prompt and the
-  history as is, observations as user turns; 1.x without one: None (`text_form.text_messages` renders).
-- ``instance_id``: the file name (SWE-agent writes ``<instance_id>.traj``), else
-  replay_config.problem_statement.id, info.instance_id, environment (unless a generic name).
-- ``id``: `traj_id` if given, else ``<model>__<instance_id>`` (the model name with characters outside
-  ``[A-Za-z0-9._-]`` replaced by "-"), or ``<instance_id>`` when the model is unknown. The model comes from
-  replay_config.agent.model.name (1.x) or a 0.x run folder name ``<model>__<data>__<config>__t-...``.
-- ``tools``: the file's top-level ``tools`` list when it records one (SWE-agent does not), else [].
-- ``patch``: info.submission.
+`read_traj` maps the history entries of the main agent (the agent of the first entry) onto a `Trajectory`;
+the `.traj` format and the mapping, field by field, are written above `read_traj`.
 """
 
 from __future__ import annotations
@@ -46,8 +22,33 @@ __all__ = ["read_traj"]
 _GENERIC_ENVIRONMENTS = frozenset({"", "main", "swe_main"})
 
 
+# A `.traj` is one JSON object: ``history`` (every message of the run: role, content, agent; 1.x adds
+# message_type, and on assistant turns thought/action/tool_calls, on tool results tool_call_ids),
+# ``trajectory`` (one step per model call: action, observation, response, thought, state, execution_time; 1.x
+# adds query, the model input of that step, which 1.0 called messages and held the history after the step),
+# ``info`` (submission, exit_status, model_stats, swe_agent_version ...) and ``environment``; 1.x adds
+# ``replay_config`` (the run config as a JSON string).
+#
+# Mapping (history entries of the main agent only, i.e. the agent of the first entry):
+#
+# - ``system``: the first system message, exactly; later system messages stay in `messages`.
+# - user -> ``{"role": "user"}``; assistant -> ``{"role": "assistant", "content"}`` (the raw model output: for
+#   0.x / text-action runs the action sits in it), plus ``tool_calls`` (id, type, function name, arguments as
+#   the JSON string) when the turn has calls; tool -> ``{"role": "tool", "tool_call_id", "name", "content"}``
+#   with the name of the call it answers. Content lists (1.x cache marks) become their text. Demonstrations
+#   (``is_demo``) stay in, counted in meta.
+# - ``text_messages``: 1.x with a query / messages in the last step: what SWE-smith's converter writes
+#   (`text_form.swesmith_text_messages`); 0.x (SWE-smith cannot convert it): the system prompt and the history
+#   as is, observations as user turns; 1.x without one: None (`text_form.text_messages` renders).
+# - ``instance_id``: the file name (SWE-agent writes ``<instance_id>.traj``), else
+#   replay_config.problem_statement.id, info.instance_id, environment (unless a generic name).
+# - ``id``: `traj_id` if given, else ``<model>__<instance_id>`` (the model name with characters outside
+#   ``[A-Za-z0-9._-]`` replaced by "-"), or ``<instance_id>`` when the model is unknown. The model comes from
+#   replay_config.agent.model.name (1.x) or a 0.x run folder name ``<model>__<data>__<config>__t-...``.
+# - ``tools``: the file's top-level ``tools`` list when it records one (SWE-agent does not), else [].
+# - ``patch``: info.submission.
 def read_traj(source: str | os.PathLike | Mapping[str, Any], *, traj_id: str | None = None) -> Trajectory:
-    """Read a SWE-agent `.traj` (a path, or the parsed JSON object) into a `Trajectory` (module docstring).
+    """Read a SWE-agent `.traj` (a path, or the parsed JSON object) into a `Trajectory` (the comment above).
 
     Raises DatasetError naming the file and field for unreadable or malformed input.
     """
@@ -154,6 +155,7 @@ def _mapping(value: Any, file: str, field: str) -> Mapping[str, Any]:
     return value
 
 
+# A retry-agent file keeps its runs under ``attempts`` and copies the chosen one to the top level.
 def _chosen_attempt(data: Mapping[str, Any], file: str) -> Mapping[str, Any]:
     """A retry-agent file without a chosen attempt at the top level: its best (else first) attempt."""
     attempts = data.get("attempts")

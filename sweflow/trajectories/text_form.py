@@ -1,33 +1,8 @@
 """The text form of SWE-smith's published SFT data, and the converter rules that produce it.
 
-SWE-smith (github.com/SWE-bench/SWE-smith) turns a SWE-agent `.traj` into one JSONL row
-``{"messages": [...], "instance_id", "resolved", "model", "traj_id", "patch"}`` with
-`swesmith/train/traj_mgr/collect_trajs.py` (row fields; the older `transform_to_ft.py` wrote only
-``messages`` + ``instance_id``) and `swesmith/train/traj_mgr/utils.py` (`get_messages`,
-`transform_traj_xml`, `tool_call_to_action`; style ``xml`` is the default and what its ``xml`` split
-holds). Reimplemented rules:
-
-- Which messages: the last trajectory step's ``messages`` minus its last entry (SWE-agent 1.0 wrote the
-  history *after* the step there, ending with the submission output); else that step's ``query`` (1.1+:
-  the model input of the step, so the final action and its output are not in it). When the last step's
-  ``response`` is "Exit due to cost limit" or "Exit due to context window", the step before it is used.
-  The query is what the model saw: history processors have run (elided observations, cache_control).
-- Roles: ``tool`` becomes ``user``; everything else keeps its role.
-- System messages: replaced by SWE-smith's inference prompt (`SWESMITH_SYSTEM_PROMPT`, the
-  ``system_template`` of `agent/swesmith_infer.yaml`), not the prompt the run used.
-- Assistant: content exactly "Exit due to cost limit" becomes a fixed submit turn; otherwise
-  ``thought`` (else ``content``) + "\\n\\n" + the tool calls rendered as ``<function=NAME>`` blocks
-  joined by "\\n", the whole stripped. A call renders one ``<parameter=KEY>VALUE</parameter>`` line per
-  argument in order (VALUE is Python's ``str`` of the JSON value), with VALUE on its own lines for
-  ``old_str``, ``new_str`` and ``file_text``, then ``</function>``. A 1.x run with text actions (no
-  tool calls) thus keeps only its thoughts, as SWE-smith's xml style does.
-- User/tool content: a string as is; a content list must hold exactly one part, whose ``text`` is used
-  (cache_control marks are dropped).
-
-`legacy=True` reproduces the SWE-smith release before the ``tool`` style (commit cf2e649, June 2025,
-whose `tests/test_logs/ft_xml_example.jsonl` it matches): no strip, no cost/context-window fallback.
-SWE-smith's ``ticks`` and ``tool`` styles are not implemented. The row is written as
-``json.dumps(row) + "\\n"`` (ASCII escapes, ", " / ": " separators): `text_row_line`.
+SWE-smith (github.com/SWE-bench/SWE-smith) turns a SWE-agent `.traj` into one JSONL row; its converter's
+rules (xml style) are reimplemented here (`swesmith_text_messages`, the rules above it; `legacy=True` for
+the release before the ``tool`` style). SWE-smith's ``ticks`` and ``tool`` styles are not implemented.
 """
 
 from __future__ import annotations
@@ -237,6 +212,32 @@ def _convert(
     return out
 
 
+# SWE-smith (github.com/SWE-bench/SWE-smith) turns a SWE-agent `.traj` into one JSONL row ``{"messages":
+# [...], "instance_id", "resolved", "model", "traj_id", "patch"}`` with
+# `swesmith/train/traj_mgr/collect_trajs.py` (row fields; the older `transform_to_ft.py` wrote only
+# ``messages`` + ``instance_id``) and `swesmith/train/traj_mgr/utils.py` (`get_messages`,
+# `transform_traj_xml`, `tool_call_to_action`; style ``xml`` is the default and what its ``xml`` split holds).
+# Reimplemented rules:
+#
+# - Which messages: the last trajectory step's ``messages`` minus its last entry (SWE-agent 1.0 wrote the
+#   history *after* the step there, ending with the submission output); else that step's ``query`` (1.1+: the
+#   model input of the step, so the final action and its output are not in it). When the last step's
+#   ``response`` is "Exit due to cost limit" or "Exit due to context window", the step before it is used. The
+#   query is what the model saw: history processors have run (elided observations, cache_control).
+# - Roles: ``tool`` becomes ``user``; everything else keeps its role.
+# - System messages: replaced by SWE-smith's inference prompt (`SWESMITH_SYSTEM_PROMPT`, the
+#   ``system_template`` of `agent/swesmith_infer.yaml`), not the prompt the run used.
+# - Assistant: content exactly "Exit due to cost limit" becomes a fixed submit turn; otherwise ``thought``
+#   (else ``content``) + "\n\n" + the tool calls rendered as ``<function=NAME>`` blocks joined by "\n", the
+#   whole stripped. A call renders one ``<parameter=KEY>VALUE</parameter>`` line per argument in order (VALUE
+#   is Python's ``str`` of the JSON value), with VALUE on its own lines for ``old_str``, ``new_str`` and
+#   ``file_text``, then ``</function>``. A 1.x run with text actions (no tool calls) thus keeps only its
+#   thoughts, as SWE-smith's xml style does.
+# - User/tool content: a string as is; a content list must hold exactly one part, whose ``text`` is used
+#   (cache_control marks are dropped).
+#
+# `legacy=True` reproduces the SWE-smith release before the ``tool`` style (commit cf2e649, June 2025, whose
+# `tests/test_logs/ft_xml_example.jsonl` it matches): no strip, no cost/context-window fallback.
 def swesmith_text_messages(
     data: Mapping[str, Any],
     *,
@@ -244,7 +245,7 @@ def swesmith_text_messages(
     system_prompt: str = SWESMITH_SYSTEM_PROMPT,
     legacy: bool = False,
 ) -> list[dict[str, str]]:
-    """The ``messages`` SWE-smith's xml converter writes for a parsed SWE-agent 1.x `.traj` (module docstring).
+    """The ``messages`` SWE-smith's xml converter writes for a parsed SWE-agent 1.x `.traj` (comment above).
 
     `file` names the source in errors; `system_prompt` replaces every system message (SWE-smith's own by
     default); `legacy` selects the June 2025 rules. Raises DatasetError where SWE-smith's converter fails.
@@ -346,6 +347,7 @@ def text_row(traj: Trajectory, *, system_prompt: str | None = None) -> dict[str,
     return row
 
 
+# The row is written as ``json.dumps(row) + "\n"`` (ASCII escapes, ", " / ": " separators): `text_row_line`.
 def text_row_line(traj: Trajectory, *, system_prompt: str | None = None) -> str:
     """`text_row` as SWE-smith writes a JSONL line: ``json.dumps(row) + "\\n"``."""
     return json.dumps(text_row(traj, system_prompt=system_prompt)) + "\n"

@@ -1,6 +1,7 @@
 """The tree reads as the architecture: rules/<stage>.smk -> scripts/<rule>.py -> sweflow/stages/<stage>.py ->
 domain packages, with no import cycles and no mechanism defined twice (the trusted fresh-sandbox step
-included), modules of at most 500 lines, and the offline stand-ins reached only through the config."""
+included), modules of at most 500 lines whose docstrings take at most five, and the offline stand-ins
+reached only through the config."""
 
 from __future__ import annotations
 
@@ -284,6 +285,46 @@ def test_the_line_counter_finds_a_long_module(tmp_path):
     short.write_text("x = 1\n" * MAX_LINES)
     long.write_text("x = 1\n" * (MAX_LINES + 1))
     assert long_modules([short, long]) == {long: MAX_LINES + 1}
+
+
+# ------------------------------------------------------------------ docstrings of five lines, not essays
+# What a module owns, in at most five lines; the rest of the explanation sits in comments by the code it
+# is about.
+MAX_DOCSTRING_LINES = 5
+# Modules whose docstring may stay longer, with why.
+LONG_DOCSTRING_OK = {
+    # sweflow.offline.local_hub stamps the published tiny-model build with the sha256 of this file's bytes
+    # (`.built-from`): editing even its docstring would change the stamp and rebuild the published model.
+    "sweflow/offline/tiny_model.py": "its bytes are hashed into the tiny model's published Hub build",
+    # sweflow.harness.standalone reads this file as text into the eval program of every training row:
+    # editing its docstring would change every row's bytes (and rerun convert and all after it).
+    "sweflow/harness/driver.py": "its text is embedded in every training row's eval program",
+}
+
+
+def long_docstrings(paths: Sequence[Path], limit: int = MAX_DOCSTRING_LINES) -> dict[Path, int]:
+    """Each file of `paths` whose module docstring has more than `limit` lines, with its line count."""
+    counts = {}
+    for p in paths:
+        doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")), clean=False)
+        counts[p] = len(doc.strip().splitlines()) if doc else 0
+    return {p: n for p, n in counts.items() if n > limit}
+
+
+def test_module_docstrings_are_at_most_five_lines():
+    long = {p.relative_to(ROOT).as_posix(): n for p, n in long_docstrings(sorted(PKG.rglob("*.py"))).items()}
+    assert set(LONG_DOCSTRING_OK) <= set(long), "stale LONG_DOCSTRING_OK entries"
+    long = {k: v for k, v in long.items() if k not in LONG_DOCSTRING_OK}
+    assert long == {}, "say what the module owns in five lines; move the rest to comments by the code"
+
+
+def test_the_docstring_counter_finds_a_long_docstring(tmp_path):
+    short, long, none = tmp_path / "short.py", tmp_path / "long.py", tmp_path / "none.py"
+    lines = [f"line {i}" for i in range(MAX_DOCSTRING_LINES + 1)]
+    short.write_text('"""' + "\n".join(lines[:MAX_DOCSTRING_LINES]) + '\n"""\nx = 1\n')
+    long.write_text('"""' + "\n".join(lines) + '\n"""\nx = 1\n')
+    none.write_text("x = 1\n")
+    assert long_docstrings([short, long, none]) == {long: MAX_DOCSTRING_LINES + 1}
 
 
 # ------------------------------------------------------------------ one trusted fresh-sandbox step
