@@ -189,6 +189,8 @@ def run_preset(args) -> dict:
                     "tis_weight_mean",
                     "tis_clipped_share",
                     "reward_mean",
+                    "reward_std",
+                    "groups_with_gradient",
                 )
             }  # fmt: skip
             for m in metrics

@@ -62,7 +62,7 @@ class Sizes:
 
 
 FULL = Sizes((16384, 32768, 65536), 1024, 2, 1024, 256, "tiny-swa", 3400, 600, 200, 4)
-REDUCED = Sizes((64, 128, 256), 32, 1, 32, 24, "tiny", 48, 24, 6, 2)
+REDUCED = Sizes((64, 128, 256), 32, 1, 32, 24, "tiny", 48, 24, 6, 4)
 
 
 def arch(reduced: bool):

@@ -102,5 +102,7 @@ def test_the_reduced_gpu_check_runs_every_part_and_writes_its_figures(tmp_path):
     assert grpo["steps"] == 2 and grpo["device"] == "cpu" and len(grpo["per_step"]) == 2
     for step in grpo["per_step"]:
         assert step["rollout_s"] > 0 and step["train_s"] > 0
-        assert step["grad_norm"] > 0 and math.isfinite(step["grad_norm"])
+        assert step["grad_norm"] >= 0 and math.isfinite(step["grad_norm"])
+        # a group whose samples tie in reward has no advantage, so no gradient (the toy reward ties often)
+        assert (step["grad_norm"] > 0) == (step["groups_with_gradient"] > 0), step
         assert step["tis_weight_mean"] > 0 and 0 <= step["tis_clipped_share"] <= 1

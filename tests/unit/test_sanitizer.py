@@ -34,12 +34,13 @@ def git(repo, *args):
     ).stdout.strip()
 
 
-def sanitize(repo, base, *, user: int | None = None):
+def sanitize(repo, base, *, user: int | None = None, tmpdir: Path | None = None):
     cmd = sanitizer_command(base, str(repo))
     if user is not None:
         cmd = f"setpriv --reuid={user} --regid={user} --clear-groups {cmd}"
+    env = {**GIT_ENV, **({"TMPDIR": str(tmpdir)} if tmpdir is not None else {})}
     # cwd: the repository, which the other uid can reach (a checkout under a 0700 folder it cannot)
-    return subprocess.run(cmd, shell=True, capture_output=True, text=True, env=GIT_ENV, cwd=repo)
+    return subprocess.run(cmd, shell=True, capture_output=True, text=True, env=env, cwd=repo)
 
 
 def commit(repo, name, text, msg):
@@ -144,12 +145,15 @@ def test_repository_owned_by_another_uid_is_sanitized_as_root(world_dir):
     # plain git as root refuses it: the situation the sanitizer must handle
     plain = subprocess.run(["git", "-C", str(repo), "status"], capture_output=True, text=True, env=GIT_ENV)
     assert plain.returncode != 0 and "dubious ownership" in plain.stderr
-    res = sanitize(repo, base)
+    # a temp folder of this run's own (other sanitizer runs may share /tmp under xdist)
+    tmp = world_dir / "tmp"
+    tmp.mkdir()
+    res = sanitize(repo, base, tmpdir=tmp)
     assert res.returncode == 0, res.stderr
     assert SANITIZER_OK in res.stdout
     assert_only_base(repo, base, fix)
     # nothing was written to a global config: the trust lived in a temp folder that is gone
-    assert not list(Path("/tmp").glob("sweflow-sanitizer.*"))
+    assert not list(tmp.glob("sweflow-sanitizer.*"))
 
 
 @needs_root
