@@ -150,3 +150,15 @@ def test_the_recipe_checks_offline_and_a_typo_in_it_is_one_line(tmp_path):
     (line,) = bad.stderr.strip().splitlines()
     assert bad.returncode == 1 and f"mine.yaml:{line_no}:" in line
     assert "sandbox.e2b.cpu_cont" in line and "sandbox.e2b.cpu_count" in line
+
+
+def test_the_recipe_caps_each_call_not_the_trajectory_and_whitens():
+    """The launcher's lengths: a 65,536-token context (16,384 x CP 4) per trajectory, 16,000 tokens per call
+    (the proxy's cap, which verl's rollout spec carries as `sampling.max_new_tokens`), and its advantages:
+    group normalisation, then whitening over the batch."""
+    from sweflow.train.recipe import Recipe
+
+    r = Recipe.from_config(load_config(RECIPE, SITE)["train"])
+    assert (r.max_context_tokens, r.max_response_tokens) == (65_536, 16_000)
+    assert r.max_context_tokens == 16_384 * r.parallel.context
+    assert r.norm_adv_by_std and r.batch_whiten and r.engine == "verl"

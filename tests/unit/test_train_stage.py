@@ -166,6 +166,12 @@ def test_the_verl_run_writes_its_inputs_launches_once_and_publishes_metrics_and_
         "e2b_secret_value" not in spec_text
         and load_rollout_spec(work / "rollout-spec.json")["provider"] == "docker"
     )
+    # the proxy caps each call at max_response_tokens; the trajectory is capped at the context window
+    sampling = load_rollout_spec(work / "rollout-spec.json")["sampling"]
+    assert (sampling["max_new_tokens"], sampling["max_context_tokens"]) == (
+        cfg["train"]["max_response_tokens"],
+        16384,
+    )
     launch = (work / "launch.sh").read_text()
     assert (
         "verl.trainer.main_ppo" in launch
