@@ -125,12 +125,17 @@ def applied_diff(
     A diff over ``rules.max_applied_bytes`` is never read: the patch_too_large violation instead.
     """
     wd, b = shlex.quote(workdir), shlex.quote(base)
-    # the ignored files now that were not there before, NUL-separated and byte-sorted, are force-added
-    added = f"LC_ALL=C comm -z -13 <(LC_ALL=C sort -z {IGNORED_BEFORE_FILE}) <(LC_ALL=C sort -z {IGNORED_AFTER_FILE})"
+    # the ignored files now that were not there before (NUL-separated, byte-sorted) are force-added; every
+    # step is chained with && through files, so a failing sort or comm fails the step (an infrastructure
+    # error) instead of force-adding nothing and hiding what the patch wrote under ignore rules
+    before, after = f"{IGNORED_BEFORE_FILE}.sorted", f"{IGNORED_AFTER_FILE}.sorted"
+    added = f"{IGNORED_AFTER_FILE}.added"
     out = _must(
         sb,
         f"cd {wd} && {IGNORED_LIST} > {IGNORED_AFTER_FILE} && git {UNHOOKED} add -A"
-        f" && {{ {added} | xargs -0 -r git {UNHOOKED} add -f --; }}"
+        f" && LC_ALL=C sort -z {IGNORED_BEFORE_FILE} > {before} && LC_ALL=C sort -z {IGNORED_AFTER_FILE} > {after}"
+        f" && LC_ALL=C comm -z -13 {before} {after} > {added}"
+        f" && xargs -0 -r git {UNHOOKED} add -f -- < {added}"
         f" && git {PINNED_DIFF} --cached --text {b} > {FRESH_DIFF_FILE} && wc -c < {FRESH_DIFF_FILE}",
         "diffing the applied patch",
     )
