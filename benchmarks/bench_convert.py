@@ -4,7 +4,7 @@ Prepares the convert rule's inputs the way the pipeline does (parquet, `validate
 `list_images`, one `prebuilt` build record per image (template = image), `template_map`), then times:
 
 - the convert step as the rule runs it (scripts/convert.py's calls, with the workflow's config sections), as a
-  whole process (`python -c`, imports included) with 1 worker and with the rule's threads (`--threads`, 2),
+  whole process (`python -c`, imports included) with 1 worker and with `--threads` workers (the rule's default: 1),
   and in process (ms per row, one worker, plus `evaluator_command` alone);
 - BASELINE, the recipe's simple converter: a loop calling the harness's `make_test_spec` once per row and
   embedding one shared parser program per repository (the same row layout, not the same bytes).
@@ -94,32 +94,36 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def prepare(workdir: Path, rows: int) -> dict:
-    """The convert rule's inputs, made by the pipeline's own stage functions; returns the runner params."""
+SAMPLE = {
+    "images": {"prefix": "sweflow-bench/sweb.eval.x86_64."},
+    "harness": {"package": "swebench", "extra_repos": "sample"},
+}
+
+
+def prepare(workdir: Path, rows: int | list[dict], overlay: dict | None = None) -> dict:
+    """The convert rule's inputs, made by the pipeline's own stage functions; returns the runner params.
+    `rows`: a count of sample rows, or the rows themselves; `overlay`: the images/harness/dataset settings
+    (default: the embedded sample's harness tables)."""
     from sweflow.config import load_config
     from sweflow.stages.data import list_images, template_map, validate_split
 
+    overlay = SAMPLE if overlay is None else overlay
     cfg_file = workdir / "config.yaml"
-    cfg_file.write_text(
-        yaml.safe_dump(
-            {
-                "dataset": {
-                    "name": DATASET,
-                    "revision": "0" * 40,
-                    "hub": {"endpoint": None, "offline_dir": str(workdir / "offline")},
-                    "splits": {SPLIT: {"file": "train.parquet", "rows": None}},
-                    "select_splits": [SPLIT],
-                },
-                "images": {"prefix": "sweflow-bench/sweb.eval.x86_64."},
-                "harness": {"package": "swebench", "extra_repos": "sample"},
-                "sandbox": {"provider": "local", "prebuilt": True},
-            }
-        )
-    )
+    dataset = {
+        "name": DATASET,
+        "revision": "0" * 40,
+        "hub": {"endpoint": None, "offline_dir": str(workdir / "offline")},
+        "splits": {SPLIT: {"file": "train.parquet", "rows": None}},
+        "select_splits": [SPLIT],
+        **overlay.get("dataset", {}),
+    }
+    raw = {"dataset": dataset, "sandbox": {"provider": "local", "prebuilt": True}}
+    raw.update({k: v for k, v in overlay.items() if k != "dataset"})
+    cfg_file.write_text(yaml.safe_dump(raw))
     cfg = load_config(cfg_file)
     ds = cfg["dataset"]
     (workdir / PARQUET).parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(numbered_rows(rows), workdir / PARQUET)
+    write_parquet(numbered_rows(rows) if isinstance(rows, int) else rows, workdir / PARQUET)
     validate_split(
         workdir / PARQUET,
         workdir / ROWS_REPORT,
@@ -252,7 +256,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="whole-process runs each; the fastest is reported")
     ap.add_argument("--workdir", type=Path)
     ap.add_argument("--profile", type=Path, help="write a cProfile of the in-process convert here")
-    ap.add_argument("--threads", type=int, default=2, help="the convert rule's threads (its workers)")
+    ap.add_argument("--threads", type=int, default=1, help="the convert rule's threads (its workers)")
     args = ap.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sweflow-bench-convert-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -120,8 +120,10 @@ rule convert:
         "logs/{dataset}/convert/{split}.log",
     conda:
         "../envs/data.yaml"
-    # runs of rows in forked workers (the same bytes with any number of threads)
-    threads: 2
+    # one process: at SWE-Gym's 2,438 rows two forked workers were no faster and used 1.9x the memory
+    # (benchmarks/bench_convert_recipe.py); --set-threads convert=N splits a larger split into N runs of rows
+    # (the same bytes with any number)
+    threads: 1
     params:
         shape=dataset_setting("shape"),
         limit=dataset_setting("limit"),

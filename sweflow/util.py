@@ -33,27 +33,38 @@ def jsonl_line(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n"
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int | None = None) -> Path:
-    """Write a file via a temp file in the same folder and rename, so no partial output is ever left."""
+@contextlib.contextmanager
+def _atomic_file(path: str | os.PathLike, mode: int | None):
+    """A binary file handle on a temp file beside ``path``, fsynced and renamed onto it on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
-        else:
-            os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o644 if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return path
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str, *, mode: int | None = None) -> Path:
+    """Write a file via a temp file in the same folder and rename, so no partial output is ever left."""
+    with _atomic_file(path, mode) as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+def atomic_write_lines(path: str | os.PathLike, lines: Iterable[str]) -> Path:
+    """``atomic_write`` of the lines one after another (never joined into one string in memory)."""
+    with _atomic_file(path, None) as fh:
+        for line in lines:
+            fh.write(line.encode("utf-8"))
+    return Path(path)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

@@ -186,6 +186,11 @@ def _as_list(value: Any) -> list[str]:
             raise _Bad("expected a list of test ids or a JSON list string, got a non-JSON string") from None
     if not isinstance(value, list | tuple):
         raise _Bad(f"expected a list of test ids, got {type(value).__name__}")
+    try:  # the common case at once: every id undecoded bytes of valid UTF-8 (the loop names a problem)
+        if set(map(type, value)) <= {bytes}:
+            return [item.decode("utf-8") for item in value]
+    except UnicodeDecodeError:
+        pass
     out = []
     for item in value:
         item = _decode(item)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import re
 import sys
@@ -36,6 +37,25 @@ def _import(name: str) -> types.ModuleType | None:
         if exc.name and name.startswith(exc.name):
             return None
         raise
+
+
+def _package_only(name: str) -> types.ModuleType | None:
+    """The top-level package ``name`` without running its ``__init__`` (a harness's imports its Docker
+    builders, dataset collection and CLI: nothing conversion or grading use), or None when not installed. One
+    already imported stays as it is; its submodules import as usual through the bare package's path."""
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return _import(name) if spec is not None else None
+    package = types.ModuleType(name)
+    package.__file__, package.__package__, package.__spec__ = spec.origin, name, spec
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules[name] = package
+    return package
 
 
 def _version_of(package: str) -> str:
@@ -313,7 +333,7 @@ def load_harness(package: str = "swebench") -> Harness:
 
     Raises HarnessError when the package is not installed or its layout is unsupported.
     """
-    if _import(package) is None:
+    if _package_only(package) is None:
         raise HarnessError(f"harness package {package!r} is not installed", hint=SUPPORTED_PACKAGES_HINT)
     five = _load_row_script_layout(package)
     if five is not None:

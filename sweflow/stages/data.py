@@ -18,7 +18,15 @@ from ..dataset.splits import apply_limit, load_split
 from ..errors import ConfigError, DatasetError
 from ..rulekit import from_snakemake
 from ..schema import defaults
-from ..util import atomic_write, atomic_write_json, read_json, redact, write_folder, write_if_changed
+from ..util import (
+    atomic_write,
+    atomic_write_json,
+    atomic_write_lines,
+    read_json,
+    redact,
+    write_folder,
+    write_if_changed,
+)
 
 __all__ = [
     "convert",
@@ -300,7 +308,8 @@ def convert(
         source_file=str(parquet),
         workers=workers,
     )
-    atomic_write(out, "".join(result.lines))
+    del instances  # the rows are in the lines now: not held while they are written
+    atomic_write_lines(out, result.lines)
     report = {"split": opts.split, "rows": len(result.lines), "skipped": result.skipped}
     atomic_write_json(report_out, report)
     for s in result.skipped:

@@ -95,3 +95,19 @@ def test_unknown_version_of_a_known_mixed_case_repo_is_one_clear_line(gym):
     msg = str(err.value)
     assert "version '0.0' of Project-MONAI/MONAI is unknown" in msg and "Project-MONAI__MONAI-5710" in msg
     assert "\n" not in msg
+
+
+def test_the_package_init_is_not_run(tmp_path):
+    """Like the recipe's converter, sweflow imports the fork's harness modules without its top-level
+    __init__ (which imports Docker builders and dataset collection): a package whose __init__ cannot run
+    still loads, and it builds eval scripts."""
+    name = write_swegym_harness(tmp_path, "swegym_heavyinit")
+    (tmp_path / name / "__init__.py").write_text("raise ImportError('the heavy top-level import ran')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        harness = load_harness(name)
+        assert harness.eval_script(swegym_rows()[0])
+    finally:
+        sys.path.remove(str(tmp_path))
+        for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[mod]
