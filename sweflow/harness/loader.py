@@ -7,6 +7,7 @@ Nothing here re-implements the harness: the eval script comes from the package's
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
@@ -54,6 +55,8 @@ def _package_only(name: str) -> types.ModuleType | None:
     package = types.ModuleType(name)
     package.__file__, package.__package__, package.__spec__ = spec.origin, name, spec
     package.__path__ = list(spec.submodule_search_locations)
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # what its __init__ would say
+        package.__version__ = importlib.metadata.version(name)
     sys.modules[name] = package
     return package
 
