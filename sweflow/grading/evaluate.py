@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -262,6 +263,31 @@ def evaluate_patch(
         return _refused(found, timings)
     host_script = host_eval_script(script, instance_id=metadata.get("instance_id"))
     eval_timeout = int(min(EVAL_TIMEOUT, max(1.0, step_timeout - 60)))
+    try:
+        grader = grader or HostGrader.for_metadata(metadata)
+        start = getattr(getattr(grader, "harness", None), "start_marker", None)
+        end = getattr(getattr(grader, "harness", None), "end_marker", None)
+        family = canary.family_of(grader.parser_for(metadata))
+        pytest_row = family == canary.PYTEST
+        test_command = _test_command(script, start, end)
+        rng = rng or random.SystemRandom()
+        # the files canaries may come from: read at the base by the same command that resets the tree
+        sources = (
+            fresh.canary_files(
+                list(metadata.get("PASS_TO_PASS") or []),
+                test_command,
+                rng=rng,
+                family=family,
+                fail_to_pass=list(metadata.get("FAIL_TO_PASS") or []),
+            )
+            if canaries and family
+            else []
+        )
+    except Exception as exc:  # noqa: BLE001 - as a fault inside the sandbox step: a graded outcome
+        log.warning(
+            "fresh evaluation of %s failed: %s: %s", metadata.get("instance_id"), type(exc).__name__, exc
+        )
+        return _result(FRESH_EVAL_EXCEPTION, timings, error=f"{type(exc).__name__}: {exc}")
     sb: Sandbox | None = None
     log_dir = tempfile.mkdtemp(prefix="sweflow-eval-")
     log_path = os.path.join(log_dir, "eval.log")
@@ -275,7 +301,7 @@ def evaluate_patch(
         )
         timings["create_s"] = round(time.monotonic() - t0, 3)
         t1 = time.monotonic()
-        failed = fresh.prepare(sb, workdir, base, patch)
+        failed, at_base = fresh.prepare_reading(sb, workdir, base, patch, sources)
         if failed is not None:
             timings["setup_s"] = round(time.monotonic() - t1, 3)
             return _result(FAILED_APPLY_PATCH, timings, tail=failed)
@@ -291,12 +317,6 @@ def evaluate_patch(
             if found:
                 timings["setup_s"] = round(time.monotonic() - t1, 3)
                 return _refused(found, timings)
-        grader = grader or HostGrader.for_metadata(metadata)
-        start = getattr(getattr(grader, "harness", None), "start_marker", None)
-        end = getattr(getattr(grader, "harness", None), "end_marker", None)
-        family = canary.family_of(grader.parser_for(metadata))
-        pytest_row = family == canary.PYTEST
-        test_command = _test_command(script, start, end)
         planted = canary.CanarySet()
         if canaries and family:
             tc = time.monotonic()
@@ -311,6 +331,7 @@ def evaluate_patch(
                 family=family,
                 reserved=_test_names(metadata),
                 fail_to_pass=list(metadata.get("FAIL_TO_PASS") or []),
+                at_base=at_base,
             )
             host_script = canary_place.inject(host_script, planted, start)
             timings["canary_s"] = round(time.monotonic() - tc, 3)

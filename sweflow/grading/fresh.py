@@ -74,16 +74,26 @@ SETUP_MARK = "sweflow-setup-failed"
 
 
 def prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
-    """Reset ``workdir`` to ``base`` and apply ``patch``; the apply error text, or None on success.
+    """Reset ``workdir`` to ``base`` and apply ``patch``; the apply error text, or None on success."""
+    return prepare_reading(sb, workdir, base, patch)[0]
+
+
+def prepare_reading(
+    sb: Sandbox, workdir: str, base: str, patch: str, at_base: Sequence[str] = ()
+) -> tuple[str | None, dict[str, str | None]]:
+    """``prepare``, also reading the files ``at_base`` as ``read_at_base`` does, in the same command.
 
     ``git reset --hard && git clean -fd``, then the untracked files under ignore rules are listed (for
-    ``applied_diff``), the patch is written and ``git apply --binary``-ed: one command for all of it when the
-    patch is small (a failure before the apply is told apart by its exit status and mark)."""
+    ``applied_diff``), the files are read from ``base``'s objects, the patch is written and ``git
+    apply --binary``-ed: one command for all of it when the patch is small (a failure before the apply is
+    told apart by its exit status and mark). The texts are not read when the apply fails."""
     wd, b = shlex.quote(workdir), shlex.quote(base)
     reset = f"cd {wd} && git reset -q --hard {b} && git clean -fdq"
+    reads, out = _framed([f"git show {shlex.quote(base + ':' + p)}" for p in at_base])
+    reset += f" && {reads}" if at_base else ""
     if not patch.strip():
         _must(sb, reset, f"resetting {workdir} to {base}")
-        return None
+        return None, _texts(sb, out, at_base)
     data = encode(patch)
     setup = f"{reset} && mkdir -p /tmp/.sweflow && {IGNORED_LIST} > {IGNORED_BEFORE_FILE}"
     if len(data) <= INLINE_PATCH_BYTES:
@@ -98,7 +108,7 @@ def prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
         timeout=SETUP_TIMEOUT,
     )
     if r.ok:
-        return None
+        return None, _texts(sb, out, at_base)
     if r.exit_code == SETUP_FAILED and SETUP_MARK in r.stderr:
         raise SandboxError(
             f"resetting {workdir} to {base} failed: {r.stderr.replace(SETUP_MARK, '').strip()[-300:]}",
@@ -111,7 +121,7 @@ def prepare(sb: Sandbox, workdir: str, base: str, patch: str) -> str | None:
             file=sb.template,
             row=sb.id,
         )
-    return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()}"
+    return f"git apply failed (exit {r.exit_code}): {(r.stderr + r.stdout).strip()}", {}
 
 
 def applied_diff(
@@ -147,28 +157,43 @@ def applied_diff(
     return applied_size_violation(len(data), rules) or decode(data)
 
 
-def _read_many(sb: Sandbox, workdir: str, commands: Sequence[str]) -> list[bytes | None]:
-    """What each shell command prints (None where it fails), from one command and one file read: each
-    output framed as ``<index> <size>\n<bytes>``, read back by the provider, not through a log."""
-    if not commands:
-        return []
-    tag = uuid.uuid4().hex
-    tmp, out = f"/tmp/.sweflow/read-{tag}", f"/tmp/.sweflow/read-{tag}.out"
+def _framed(commands: Sequence[str]) -> tuple[str, str]:
+    """A shell step (run in the work tree) that writes what each command prints into one file, framed as
+    ``<index> <size>\n<bytes>`` (a failing command leaves no frame), and that file's path."""
+    out = f"/tmp/.sweflow/read-{uuid.uuid4().hex}"
     parts = [
-        f'if {{ {c}; }} > {tmp} 2>/dev/null; then printf "%s %s\\n" {i} "$(wc -c < {tmp})"; cat {tmp}; fi'
+        f'if {{ {c}; }} > {out}.part 2>/dev/null; then printf "%s %s\\n" {i} "$(wc -c < {out}.part)";'
+        f" cat {out}.part; fi"
         for i, c in enumerate(commands)
     ]
-    _must(
-        sb,
-        f"mkdir -p /tmp/.sweflow && cd {shlex.quote(workdir)} && {{ {'; '.join(parts)}; }} > {out}",
-        "reading files",
-    )
-    data, got, at = sb.read_file(out), [None] * len(commands), 0
+    return f"mkdir -p /tmp/.sweflow && {{ {'; '.join(parts)}; }} > {out}", out
+
+
+def _unframed(data: bytes, n: int) -> list[bytes | None]:
+    got, at = [None] * n, 0
     while at < len(data):
         eol = data.index(b"\n", at)
         index, size = (int(x) for x in data[at:eol].split())
         got[index], at = data[eol + 1 : eol + 1 + size], eol + 1 + size
     return got
+
+
+def _texts(sb: Sandbox, out: str, paths: Sequence[str]) -> dict[str, str | None]:
+    """The texts ``_framed`` wrote for ``git show`` of each path (read back by the provider)."""
+    if not paths:
+        return {}
+    shown = _unframed(sb.read_file(out), len(paths))
+    return {p: None if d is None else decode(d) for p, d in zip(paths, shown, strict=True)}
+
+
+def _read_many(sb: Sandbox, workdir: str, commands: Sequence[str]) -> list[bytes | None]:
+    """What each shell command prints (None where it fails), from one command and one file read: each
+    output framed as ``<index> <size>\n<bytes>``, read back by the provider, not through a log."""
+    if not commands:
+        return []
+    step, out = _framed(commands)
+    _must(sb, f"cd {shlex.quote(workdir)} && {step}", "reading files")
+    return _unframed(sb.read_file(out), len(commands))
 
 
 def read_at_base(sb: Sandbox, workdir: str, base: str, paths: Sequence[str]) -> dict[str, str | None]:
@@ -188,6 +213,27 @@ def read_current(sb: Sandbox, workdir: str, paths: Sequence[str]) -> dict[str, s
     return texts
 
 
+def canary_files(
+    passing: Sequence[str],
+    test_command: str = "",
+    *,
+    rng: random.Random,
+    max_files: int = 3,
+    family: str = canary.PYTEST,
+    fail_to_pass: Sequence[str] = (),
+) -> list[str]:
+    """The test files canaries may be cloned from: up to ``2 * max_files`` the command runs that hold
+    ``passing`` tests (drawn at random), then up to four holding ``fail_to_pass`` tests."""
+    files = canary_plan.candidate_files(list(passing), test_command, family)
+    rng.shuffle(files)
+    twin_files = [
+        f
+        for f in canary_plan.candidate_files(list(fail_to_pass), test_command, family)
+        if f not in files[:max_files]
+    ]
+    return files[: max_files * 2] + twin_files[:4]
+
+
 def draw_canaries(
     sb: Sandbox,
     workdir: str,
@@ -201,28 +247,27 @@ def draw_canaries(
     family: str = canary.PYTEST,
     reserved: Sequence[str] = (),
     fail_to_pass: Sequence[str] = (),
+    at_base: dict[str, str | None] | None = None,
     **counts: Any,
 ) -> canary.CanarySet:
-    """Canaries cloned from ``passing`` tests (those known to pass without the patch) of one of up to
-    ``2 * max_files`` test files the command runs (drawn at random), and near-twins of the
-    ``fail_to_pass`` tests, from the files read at the base (so no edit of the patch decides what can be
-    cloned), ``test_patch`` applied host-side; placed in the files as the run will find them: a file the
-    test patch writes as the host's apply leaves it, any other as the tree holds it now."""
+    """Canaries cloned from ``passing`` tests (those known to pass without the patch) of the
+    ``canary_files`` and near-twins of the ``fail_to_pass`` tests, from the files read at the base (so no
+    edit of the patch decides what can be cloned; ``at_base``: those texts as ``prepare_reading`` read
+    them for ``canary_files`` drawn with this ``rng``), ``test_patch`` applied host-side; placed in the files
+    as the run will find them: a file the test patch writes as the host's apply leaves it, any other as the
+    tree holds it now."""
     rng = rng or random.SystemRandom()
-    files = canary_plan.candidate_files(list(passing), test_command, family)
-    rng.shuffle(files)
-    twin_files = [
-        f
-        for f in canary_plan.candidate_files(list(fail_to_pass), test_command, family)
-        if f not in files[:max_files]
-    ]
-    wanted = files[: max_files * 2] + twin_files[:4]
-    if not wanted:
+    if at_base is None:
+        wanted = canary_files(
+            passing, test_command, rng=rng, max_files=max_files, family=family, fail_to_pass=fail_to_pass
+        )
+        at_base = read_at_base(sb, workdir, base, wanted) if wanted else {}
+    if not at_base:
         return canary.CanarySet()
     texts: dict[str, str | None] = {}
     # every file read is offered to the plan, which takes the first that can carry must-fail clones: a cap
     # below what was read left a run unguarded whenever the shuffle put the one cloneable file past it
-    for path, text in read_at_base(sb, workdir, base, wanted).items():
+    for path, text in at_base.items():
         if text is not None or f"b/{path}" in test_patch:  # (a file the test patch creates too)
             texts[path] = canary_place.apply_to(path, text, test_patch)
     planned = canary_plan.plan_canaries(

@@ -286,6 +286,14 @@ def test_resolved_run_resets_applies_runs_the_official_script_and_grades_on_the_
     assert f"git reset -q --hard {BASE}" in sb.cmds[0] and "git clean -fdq" in sb.cmds[0]
     assert "git ls-files -z --others --ignored" in sb.cmds[0] and "git apply --binary" in sb.cmds[0]
     assert sb.cmds[0].index("git reset") < sb.cmds[0].index("ls-files") < sb.cmds[0].index("git apply")
+    # the canaries' source files are read at the base by that same command, before the apply: no command
+    # of its own reads them
+    assert (
+        sb.cmds[0].index("git reset")
+        < sb.cmds[0].index(f"git show {BASE}:tests/")
+        < sb.cmds[0].index("git apply")
+    )
+    assert not any("git show" in c for c in sb.cmds[1:])
     assert sb.written["/tmp/.sweflow/patch.diff"] == SRC_PATCH.encode()
     script = sb.written[HOST_SCRIPT].decode()
     assert "git apply -v - <<'EOF_" in script, "the official script, test patch included"
