@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import TrainError
 from ..rulekit import from_snakemake
 from ..train.engines import ENGINES, EngineRun
-from ..train.worker import proxy_settings as _proxy_settings
+from ..train.proxy_settings import ProxySettings
 from ..util import (
     atomic_write,
     atomic_write_json,
@@ -260,7 +260,7 @@ def train_grpo_step(
 
     recipe = Recipe.from_config(train)
     check_recipe(recipe)
-    if provider == "e2b" and not _proxy_settings(train)["public_url"]:
+    if provider == "e2b" and not ProxySettings.from_config(train).public_url:
         raise TrainError(
             "E2B sandboxes reach the proxy over the internet, and train.proxy.public_url is not set",
             field="train.proxy.public_url",

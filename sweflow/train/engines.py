@@ -21,8 +21,8 @@ from typing import Any
 from ..errors import TrainError
 from ..schema import default
 from ..util import atomic_write, atomic_write_json, read_json
+from .proxy_settings import ProxySettings
 from .recipe import Recipe
-from .worker import proxy_settings as _proxy_settings
 
 log = logging.getLogger("sweflow.train")
 
@@ -147,7 +147,7 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
     spec = {
         "provider": provider,
         "sandbox": dict(sandbox),
-        "proxy": _proxy_settings(train),
+        "proxy": ProxySettings.from_config(train).to_spec(),
         "rollout": {
             "max_concurrency": recipe.max_concurrency,
             "turn_timeout": recipe.turn_timeout,

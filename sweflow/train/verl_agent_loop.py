@@ -217,13 +217,14 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     from ..rollout.clients import HttpProxyClient
     from ..rollout.dispatcher import Dispatcher
     from ..sandbox.registry import provider_from_config
+    from .proxy_settings import ProxySettings
 
     path = os.environ.get(ROLLOUT_SPEC_ENV)
     if not path:
         raise ConfigError(f"${ROLLOUT_SPEC_ENV} is not set: the verl agent loop needs a rollout spec")
     spec = load_rollout_spec(path)
     rollout = dict(spec.get("rollout") or {})
-    proxy_spec = dict(spec.get("proxy") or {})
+    settings = ProxySettings.from_spec(spec.get("proxy") or {}, where=f"{path}: proxy")
     engine = ServerManagerEngine(agent_loop.server_manager, agent_loop.loop)
     rc = agent_loop.rollout_config
     sampling = {
@@ -239,16 +240,15 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
         agent_loop.tokenizer,
         ProxyConfig(
             **sampling,
-            token_build_mode=str(proxy_spec.get("build_mode") or "tito"),
-            token_build_model=str(proxy_spec.get("build_model") or "auto"),
+            token_build_mode=settings.build_mode,
+            token_build_model=settings.build_model,
         ),
-        host=str(proxy_spec.get("host") or "127.0.0.1"),
-        port=int(proxy_spec.get("port") or 0),
+        host=settings.host,
+        port=settings.port,
     ).start()
     port = proxy._httpd.server_address[1]
-    host = str(proxy_spec.get("host") or "127.0.0.1")
-    local = f"http://127.0.0.1:{port}" if host in ("0.0.0.0", "::", "") else proxy.url
-    public = proxy_spec.get("public_url")
+    local = f"http://127.0.0.1:{port}" if settings.host in ("0.0.0.0", "::", "") else proxy.url
+    public = settings.public_url
     router_url = str(public).format(port=port, host=socket.gethostname()) if public else None
     client = HttpProxyClient(local, admin_token=proxy.admin_token)
     provider = provider_from_config(spec["provider"], spec.get("sandbox") or {})

@@ -10,27 +10,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import SweflowError
-from ..schema import defaults
 from ..util import atomic_write_json, setup_logging
 from .launch import SPEC_ENV
-
-
-def proxy_settings(train: Mapping[str, Any]) -> dict[str, Any]:
-    """The `train.proxy` section with its defaults (host, port: 0 = a free one, public_url, and how prompts
-    are built: build_mode tito | render, build_model auto | qwen3_5 | generic)."""
-    proxy = defaults("train.proxy", train.get("proxy"))
-    return {
-        "host": proxy["host"],
-        "port": int(proxy["port"]),
-        "public_url": proxy["public_url"],
-        "build_mode": str(proxy["build_mode"]),
-        "build_model": str(proxy["build_model"]),
-    }
+from .proxy_settings import ProxySettings
 
 
 # Every rank rolls out its share of each step through its own proxy and sandboxes; torch.distributed (gloo on
@@ -43,7 +29,7 @@ def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> d
     from .trl_engine import train_trl
 
     prov = provider_from_config(provider, dict(sandbox))
-    proxy = proxy_settings(train)
+    proxy = ProxySettings.from_config(train)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -58,16 +44,15 @@ def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> d
             temperature=recipe.temperature,
             top_p=recipe.top_p,
             top_k=recipe.top_k,
-            host=proxy["host"],
-            # a fixed port is the first rank's; every other process of a run takes the next ones
-            port=proxy["port"] + int(os.environ.get("RANK", 0)) if proxy["port"] else 0,
-            public_url=proxy["public_url"],
+            host=proxy.host,
+            port=proxy.port_for_rank(int(os.environ.get("RANK", 0))),
+            public_url=proxy.public_url,
             max_concurrency=recipe.max_concurrency,
             turn_timeout=recipe.turn_timeout,
             session_prefix=f"{recipe.run}.",
             eval_network=dict(sandbox.get("network") or {}),
-            token_build_mode=proxy["build_mode"],
-            token_build_model=proxy["build_model"],
+            token_build_mode=proxy.build_mode,
+            token_build_model=proxy.build_model,
         )
 
     return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory)

@@ -218,20 +218,20 @@ def test_the_production_recipe_builds_prompts_as_the_recipes_proxy_does(qwen):
     """config/swegym-e2b.yaml -> train.proxy -> the settings the TRL worker and the verl rollout spec pass
     on: tito with the qwen3_5 family, whose suffix template is TRL's prefix-preserving one."""
     from sweflow.config import load_config
-    from sweflow.train.worker import proxy_settings
+    from sweflow.train.proxy_settings import ProxySettings
 
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "config" / "swegym-e2b.yaml", root / "tests" / "fixtures" / "site.yaml")
-    proxy = proxy_settings(cfg["train"])
-    assert (proxy["build_mode"], proxy["build_model"]) == ("tito", "qwen3_5")
-    config = ProxyConfig(token_build_mode=proxy["build_mode"], token_build_model=proxy["build_model"])
+    proxy = ProxySettings.from_config(cfg["train"])
+    assert (proxy.build_mode, proxy.build_model) == ("tito", "qwen3_5")
+    config = ProxyConfig(token_build_mode=proxy.build_mode, token_build_model=proxy.build_model)
     server = ProxyServer(Echo(qwen), qwen, config)
     try:
         assert server._suffix.template == tito.trl_template("qwen3_5_think_training")
     finally:
         server._httpd.server_close()
     # the embedded default keeps the schema's default: tito, family read from the tokenizer
-    assert proxy_settings({})["build_mode"] == "tito"
+    assert ProxySettings.from_config({}).build_mode == "tito"
 
 
 @pytest.mark.parametrize(
