@@ -260,7 +260,8 @@ def train_grpo_step(
 
     recipe = Recipe.from_config(train)
     check_recipe(recipe)
-    if provider == "e2b" and not ProxySettings.from_config(train).public_url:
+    proxy = ProxySettings.from_config(train)
+    if provider == "e2b" and not proxy.public_url:
         raise TrainError(
             "E2B sandboxes reach the proxy over the internet, and train.proxy.public_url is not set",
             field="train.proxy.public_url",
@@ -270,7 +271,7 @@ def train_grpo_step(
     run_dir = Path(outputs["summary"]).parent
     work = _prepare_work(run_dir, stable_json(recipe.to_dict()))
     result = ENGINES[recipe.engine](
-        EngineRun(recipe, tasks, rows, model_dir, work, train, sandbox, provider, megatron_dir)
+        EngineRun(recipe, tasks, rows, model_dir, work, train, proxy, sandbox, provider, megatron_dir)
     )
     _publish(work, outputs)
     metrics = [json.loads(x) for x in Path(outputs["metrics"]).read_text().splitlines() if x.strip()]

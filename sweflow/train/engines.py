@@ -29,8 +29,9 @@ log = logging.getLogger("sweflow.train")
 
 @dataclass(frozen=True)
 class EngineRun:
-    """What an engine trains: the recipe, the task rows (and their file), the model, the work folder and the
-    live config sections its rollouts need."""
+    """What an engine trains: the recipe, the task rows (and their file), the model, the work folder, the
+    `train` section (a TRL rank rebuilds the recipe from it), the proxy settings and the live `sandbox`
+    section its rollouts need."""
 
     recipe: Recipe
     tasks: str | os.PathLike
@@ -38,6 +39,7 @@ class EngineRun:
     model_dir: str | os.PathLike
     work: Path
     train: Mapping[str, Any]
+    proxy: ProxySettings
     sandbox: Mapping[str, Any]
     provider: str
     megatron_dir: str | None = None
@@ -60,12 +62,13 @@ def engine(
 # the job's nodes).
 @engine("trl")
 def run_trl(r: EngineRun) -> dict[str, Any]:
-    recipe, rows, model_dir, work, train, sandbox, provider = (
+    recipe, rows, model_dir, work, train, proxy, sandbox, provider = (
         r.recipe,
         r.rows,
         r.model_dir,
         r.work,
         r.train,
+        r.proxy,
         r.sandbox,
         r.provider,
     )
@@ -75,7 +78,7 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
 
     plan = launch.plan(recipe, python=sys.executable, job_id=os.environ.get("SLURM_JOB_ID") or None)
     if plan.argv is None:
-        return trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider)
+        return trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider)
     log.info("TRL data parallel: %s", plan.describe())
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -86,12 +89,14 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
         "model_dir": str(model_dir),
         "work": str(work),
         "train": dict(train),
+        "proxy": proxy.to_spec(),
         "sandbox": dict(sandbox),
         "provider": provider,
         "logs": str(logs),
         "result": str(result_file),
     }
-    # the spec (live config sections: they may hold secrets) travels in the environment, never on disk
+    # the spec (the live `train` section and the settings: they may hold secrets) travels in the environment,
+    # never on disk
     env = {**os.environ, launch.SPEC_ENV: json.dumps(spec)}
     proc = subprocess.run(plan.argv, env=env, check=False)
     if proc.returncode != 0 or not result_file.exists():
@@ -108,12 +113,12 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
 # merger for the final Hugging Face checkpoint.
 @engine("verl")
 def run_verl(r: EngineRun) -> dict[str, Any]:
-    recipe, rows, model_dir, work, train, sandbox, provider = (
+    recipe, rows, model_dir, work, proxy, sandbox, provider = (
         r.recipe,
         r.rows,
         r.model_dir,
         r.work,
-        r.train,
+        r.proxy,
         r.sandbox,
         r.provider,
     )
@@ -147,7 +152,7 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
     spec = {
         "provider": provider,
         "sandbox": dict(sandbox),
-        "proxy": ProxySettings.from_config(train).to_spec(),
+        "proxy": proxy.to_spec(),
         "rollout": {
             "max_concurrency": recipe.max_concurrency,
             "turn_timeout": recipe.turn_timeout,

@@ -16,20 +16,19 @@ from typing import Any
 from ..errors import SweflowError
 from ..util import atomic_write_json, setup_logging
 from .launch import SPEC_ENV
-from .proxy_settings import ProxySettings
 
 
 # Every rank rolls out its share of each step through its own proxy and sandboxes; torch.distributed (gloo on
 # CPU, NCCL on GPUs) averages the gradients; rank 0 writes the metrics, rollout records, checkpoints and
 # <result>.
-def trl_in_process(recipe, rows, model_dir, work, train, sandbox, provider) -> dict[str, Any]:
-    """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step."""
+def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider) -> dict[str, Any]:
+    """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step.
+    `proxy`: the ProxySettings; `sandbox`: the `sandbox` config section."""
     from ..sandbox.registry import provider_from_config
     from .rollouts import PolicyRollouts
     from .trl_engine import train_trl
 
     prov = provider_from_config(provider, dict(sandbox))
-    proxy = ProxySettings.from_config(train)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -75,6 +74,7 @@ def main() -> int:
         os.uname().nodename,
         os.environ.get("LOCAL_RANK"),
     )
+    from .proxy_settings import ProxySettings
     from .recipe import Recipe
 
     recipe = Recipe.from_config(spec["train"])
@@ -84,7 +84,7 @@ def main() -> int:
             spec["rows"],
             spec["model_dir"],
             Path(spec["work"]),
-            spec["train"],
+            ProxySettings.from_spec(spec["proxy"], where=f"${SPEC_ENV}: proxy"),
             spec["sandbox"],
             spec["provider"],
         )
