@@ -98,15 +98,16 @@ def bench_validation(n: int, tmp: Path) -> None:
         return
     from sweflow.harness import load_harness
     from sweflow.sandbox.registry import provider_from_config
+    from sweflow.sandbox.settings import SandboxSettings
     from sweflow.smith.bug_validation import validate_candidate
     from sweflow.smith.env import build_environment, materialize_source
     from sweflow.smith.profile import load_profile
 
     prof = load_profile("sample")
     src = materialize_source(prof, tmp / "v" / "repo.git")
-    cfg = {"local": {"templates_root": str(tmp / "v" / "templates")}}
+    cfg = SandboxSettings.from_config({"local": {"templates_root": str(tmp / "v" / "templates")}})
     tpl = build_environment(provider_from_config("local", cfg, purpose="build"), "local", prof,
-                            tmp / "v" / "repo.git", src["commit"], cfg=cfg)["template"]  # fmt: skip
+                            tmp / "v" / "repo.git", src["commit"], settings=cfg)["template"]  # fmt: skip
     tree = checkout(tmp / "v" / "repo.git", src["commit"], tmp / "v" / "tree")
     cands = procedural_candidates(tree, source_files(tree), repo=prof.repo, commit=src["commit"], seed=0,
                                   max_candidates=n)  # fmt: skip

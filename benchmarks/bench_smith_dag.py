@@ -101,7 +101,7 @@ def _fake_run_suite(provider, template, profile, commit, *, parser, patch="", ru
     return SuiteResult(out)
 
 
-def _fake_build_environment(provider, provider_name, profile, bare, commit, *, cfg, wheel=None):
+def _fake_build_environment(provider, provider_name, profile, bare, commit, *, settings, wheel=None):
     image = profile.env_image(commit)
     return {"image": image, "provider": provider_name, "template": "bench-fake-" + commit[:12],
             "spec_hash": "0" * 16, "build_id": "0" * 16, "extra": {}, "ok": True}

@@ -22,6 +22,7 @@ from ..harness import driver
 from ..harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
 from ..sandbox.base import Provider, Sandbox
 from ..sandbox.logged import TRUNCATED_NOTE
+from ..sandbox.settings import NetworkSettings
 from . import canary, canary_place, fresh
 from .evidence import evidence_record, read_evidence, write_evidence
 from .integrity import DEFAULT_RULES, IntegrityRules
@@ -142,12 +143,13 @@ class EvalResult:
         return out
 
 
-def eval_network(network_cfg: Mapping[str, Any] | None, repo: str) -> str:
-    """The network of a fresh evaluation of a row of ``repo``: ``eval_repos[repo]``, else ``eval``, else
-    "none". Repository names match case-insensitively (the harness forks differ in case)."""
-    cfg = dict(network_cfg or {})
-    repos = {str(k).lower(): v for k, v in (cfg.get("eval_repos") or {}).items()}
-    mode = str(repos.get(repo.lower(), cfg.get("eval") or "none"))
+def eval_network(network: NetworkSettings | None, repo: str) -> str:
+    """The network of a fresh evaluation of a row of ``repo``: ``eval_repos[repo]``, else ``eval``; no
+    settings: "none". Repository names match case-insensitively (the harness forks differ in case)."""
+    if network is None:
+        return "none"
+    repos = {str(k).lower(): v for k, v in network.eval_repos.items()}
+    mode = str(repos.get(repo.lower(), network.eval))
     if mode not in NETWORK_MODES:
         raise EvalError(
             f"unknown evaluation network {mode!r} (expected one of {', '.join(NETWORK_MODES)})",

@@ -19,6 +19,7 @@ from sweflow.rollout.dispatcher import Dispatcher
 from sweflow.rollout.evaluator import Evaluator
 from sweflow.rollout.types import RolloutConfig, RolloutResult
 from sweflow.sandbox.base import Provider
+from sweflow.sandbox.settings import NetworkSettings
 
 if TYPE_CHECKING:
     from sweflow.offline.policies import ScriptedPolicy
@@ -169,11 +170,11 @@ def e2e_check(
     evaluator: Evaluator | None = None,
     policies: Sequence[str] = POLICIES,
     evidence: list[dict[str, Any]] | None = None,
-    network: Mapping[str, Any] | None = None,
+    network: NetworkSettings | None = None,
     trajectories: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the scripted policies on one training row; {instance_id, template, provider, ok, policies}.
-    `network` is the ``sandbox.network`` section for the fresh evaluations."""
+    `network` is the ``sandbox.network`` settings for the fresh evaluations."""
     from sweflow.offline.policies import gold_policy, tamper_policy
 
     meta = row.get("metadata") or {}
@@ -186,9 +187,7 @@ def e2e_check(
     for name in policies:
         policy = makers[name](instance_id, tokenizer, workdir)
         log.info("e2e %s: policy %s (%d scripted turns)", instance_id, name, len(policy.turns))
-        cfg = RolloutConfig(
-            max_concurrency=1, session_prefix=f"e2e-{name}.", eval_network=dict(network or {})
-        )
+        cfg = RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{name}.", eval_network=network)
         report[name] = run_policy(
             row,
             policy,

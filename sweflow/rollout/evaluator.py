@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sweflow.sandbox.base import Provider, Sandbox
+from sweflow.sandbox.settings import NetworkSettings
 
 
 class Evaluator(Protocol):
@@ -29,9 +30,9 @@ class Evaluator(Protocol):
 
 class FreshEvaluator:
     """The real evaluation (sweflow.grading.evaluate); `options` go to evaluate_patch unchanged. `network` is the
-    ``sandbox.network`` config section: each row's fresh sandbox gets ``eval_network(network, repo)``."""
+    ``sandbox.network`` settings: each row's fresh sandbox gets ``eval_network(network, repo)``."""
 
-    def __init__(self, *, network: dict[str, Any] | None = None, **options: Any) -> None:
+    def __init__(self, *, network: NetworkSettings | None = None, **options: Any) -> None:
         self.network = network
         self.options = options
 

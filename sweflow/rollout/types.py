@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sweflow.grading.integrity import DEFAULT_RULES, IntegrityRules
+from sweflow.sandbox.settings import NetworkSettings
 
 COMPLETED = "completed"
 ABORTED = "aborted"
@@ -36,7 +37,7 @@ class RolloutConfig:
     (`sandbox.egress_url`, which wins; default: the proxy client's URL, right for a public proxy URL). `turn_timeout` / `sandbox_timeout` default to the row's
     backend_options.turn_timeout / sandbox_timeout_sec. `session_prefix` makes session ids unique across
     runs that reuse one proxy. `delete_sessions` frees the proxy's copy once a sample's trajectory is read.
-    `eval_network` is the ``sandbox.network`` section for the fresh evaluation (default: offline).
+    `eval_network` is the ``sandbox.network`` settings for the fresh evaluation (default: offline).
     """
 
     router_url: str | None = None
@@ -47,7 +48,7 @@ class RolloutConfig:
     session_prefix: str = ""
     delete_sessions: bool = True
     integrity_rules: IntegrityRules = DEFAULT_RULES
-    eval_network: dict[str, Any] | None = None
+    eval_network: NetworkSettings | None = None
     # False: collect only (expert trajectories): no evaluation here, the patch text and the proxy's recorded
     # turns are kept in the result, and the patch is graded later in a fresh sandbox by a separate step.
     evaluate: bool = True

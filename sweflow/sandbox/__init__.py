@@ -1,8 +1,8 @@
 """Sandboxes: one provider interface, three backends (local, docker, e2b).
 
-It owns the `Provider`/`Sandbox` protocol (`base`), the backends (`local`, `docker`, `e2b`), the lookup by
-name or from the `sandbox` config section (`registry.provider_from_config`), template specs, builds,
-artifacts and smoke tests, the egress to the proxy, and the ledger that reaps what killed runs left behind.
+It owns the `Provider`/`Sandbox` protocol (`base`), the backends, the lookup by name or from the typed
+`sandbox` settings (`settings`, `registry.provider_from_config`), template specs, builds, artifacts and smoke
+tests, the egress to the proxy, and the ledger that reaps what killed runs left behind.
 """
 
 from .base import (

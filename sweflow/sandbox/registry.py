@@ -1,14 +1,13 @@
-"""Provider lookup by name or from the `sandbox` config section; backends are imported lazily so e.g. the local
-one needs no docker SDK."""
+"""Provider lookup by name or from the `sandbox` settings (`sweflow.sandbox.settings`); backends are imported
+lazily so e.g. the local one needs no docker SDK."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from ..schema import defaults
 from .base import Provider
+from .settings import SandboxSettings
 
 PROVIDERS = ("local", "docker", "e2b")
 
@@ -32,10 +31,8 @@ def get_provider(name: str, **options: Any) -> Provider:
     )
 
 
-def provider_from_config(
-    name: str, cfg: Mapping[str, Any] | None = None, *, purpose: str = "run"
-) -> Provider:
-    """The provider named `name`, configured from the `sandbox` config section, for one purpose:
+def provider_from_config(name: str, settings: SandboxSettings, *, purpose: str = "run") -> Provider:
+    """The provider named `name`, configured from the `sandbox` settings, for one purpose:
 
     - "run": agent sandboxes (the blackbox server started; egress to the proxy only, given at create);
     - "build": template builds (Docker: no network namespace of their own);
@@ -43,36 +40,25 @@ def provider_from_config(
       a create call asks for ``network="internet"`` (``sweflow.grading.evaluate.eval_network``), which on
       Docker joins ``sandbox.network.docker_network``.
     """
-    cfg = dict(cfg or {})
     server = {} if purpose == "run" else {"start_server": False}
     if name == "local":
-        from .limits import LimitSpec
-
-        given = cfg.get("local") or {}
-        loc = defaults("sandbox.local", given)
-        limits = LimitSpec(
-            pids=int(loc["pids_limit"]),
-            memory_mb=int(loc["mem_mb"]),
-            file_size_mb=int(loc["file_size_mb"]),
-            scratch_mb=int(loc["scratch_mb"]),
-        )
+        loc = settings.local
         # no root given: the provider's own (a caller's folder, not the workflow's relative default)
-        root = given.get("templates_root")
-        provider = get_provider("local", templates_root=root, limits=limits, **server)
+        provider = get_provider("local", templates_root=loc.templates_root, limits=loc.limits(), **server)
     elif name == "docker":
-        d = defaults("sandbox.docker", cfg.get("docker"))
+        d = settings.docker
         provider = get_provider(
             "docker",
-            cpu=d["cpus"],
-            memory_mb=d["mem_mb"],
-            pids_limit=d["pids_limit"],
-            file_size_mb=d["file_size_mb"],
-            disk_mb=d["disk_mb"],
+            cpu=d.cpus,
+            memory_mb=d.mem_mb,
+            pids_limit=d.pids_limit,
+            file_size_mb=d.file_size_mb,
+            disk_mb=d.disk_mb,
             **server,
         )
     else:
         provider = get_provider(name)
-    docker_network = (cfg.get("network") or {}).get("docker_network")
+    docker_network = settings.network.docker_network
     if purpose == "eval" and docker_network and hasattr(provider, "internet_network"):
         provider.internet_network = docker_network
     return provider

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import SmithError
 from ..sandbox.base import Provider
-from ..schema import default
+from ..sandbox.settings import SandboxSettings
 from .gitrepo import git_out, run_git
 from .profile import RepoProfile
 
@@ -74,10 +74,11 @@ def build_environment(
     bare: str | os.PathLike,
     commit: str,
     *,
-    cfg: dict[str, Any],
+    settings: SandboxSettings,
     wheel: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Build the environment template (repository at /testbed at `commit`); the template record."""
+    """Build the environment template (repository at /testbed at `commit`); the template record.
+    `settings`: the `sandbox` settings (the Docker base image, build attempts)."""
     from ..sandbox.build import build_template
     from ..sandbox.spec import TemplateSpec
 
@@ -90,7 +91,7 @@ def build_environment(
         if not profile.image:
             from ..sandbox.images import build_base_image, build_task_image
 
-            base = build_base_image(cfg.get("base_image", default("sandbox.base_image")))
+            base = build_base_image(settings.base_image)
             build_task_image(image, Path(bare).resolve(), commit, base=base)
     elif not profile.image:
         raise SmithError(
@@ -102,7 +103,7 @@ def build_environment(
         provider,
         image,
         spec=spec,
-        attempts=cfg.get("build_attempts", default("sandbox.build_attempts")),
+        attempts=settings.build_attempts,
         **source,
     )
     return {**rec.to_dict(), "ok": True}

@@ -17,6 +17,7 @@ from ..rollout.e2e import e2e_check
 from ..rulekit import from_snakemake
 from ..sandbox.base import Provider
 from ..sandbox.registry import provider_from_config
+from ..sandbox.settings import NetworkSettings, SandboxSettings
 from ..util import atomic_write_json
 
 __all__ = ["e2e_check_step", "e2e_stage", "find_row", "from_snakemake", "load_tokenizer"]
@@ -60,7 +61,7 @@ def e2e_stage(
     tokenizer: Any,
     strict: bool = True,
     evidence_out: str | os.PathLike | None = None,
-    network: Mapping[str, Any] | None = None,
+    network: NetworkSettings | None = None,
     trajectories_out: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """The rule's body: find the row, run both policies, write the report; EvalError when a check failed.
@@ -111,13 +112,14 @@ def e2e_check_step(
 ) -> dict[str, Any]:
     """``e2e_stage`` with the agent sandboxes' provider made from the ``sandbox`` config section ``cfg`` and
     the tokenizer loaded from its path (None: the tiny local one)."""
+    settings = SandboxSettings.from_config(cfg)
     return e2e_stage(
         jsonl_files,
         out,
         instance_id=instance_id,
-        provider=provider_from_config(provider, cfg),
+        provider=provider_from_config(provider, settings),
         tokenizer=load_tokenizer(tokenizer),
         evidence_out=evidence_out,
-        network=cfg.get("network"),
+        network=settings.network,
         trajectories_out=trajectories_out,
     )

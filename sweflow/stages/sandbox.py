@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import SandboxError
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
-from ..schema import default, defaults
+from ..sandbox.settings import SandboxSettings
 from ..util import atomic_write_json, read_json
 
 __all__ = [
@@ -71,37 +71,37 @@ def build_template_step(
     """Build (or reuse) the template of one task image and write its record; a failed build writes a failure
     record (ok: false, step, error) instead of raising, so one broken image never stops the others.
     `task_repos` (repo -> local bare repository of synthesized task states, from gather_tasks): the
-    image's repository comes from there instead of a registry."""
+    image's repository comes from there instead of a registry. `cfg`: the `sandbox` config section."""
+    settings = SandboxSettings.from_config(cfg)
     rec = read_json(image_file)
     image = rec["image"]
-    if cfg.get("prebuilt"):
+    if settings.prebuilt:
         data = {"image": image, "provider": provider, "template": image, "ok": True, "build": "prebuilt"}
         atomic_write_json(out, data)
         return data
     from ..sandbox.build import build_and_record, write_build_record
     from ..sandbox.spec import TemplateSpec
 
-    e2b = defaults("sandbox.e2b", cfg.get("e2b"))
     spec = TemplateSpec(
         image=image,
-        packages=tuple(cfg.get("packages", ())),
+        packages=settings.packages,
         claude_binary=_artifact_path(claude_record),
         runtime_wheel=_artifact_path(wheel_record),
-        cpu=e2b["cpu_count"],
-        memory_mb=e2b["memory_mb"],
+        cpu=settings.e2b.cpu_count,
+        memory_mb=settings.e2b.memory_mb,
     )
     with tempfile.TemporaryDirectory(prefix="sweflow-src-") as tmp:
         try:
-            source = _template_source(rec, provider, cfg, Path(tmp), task_repos or {})
+            source = _template_source(rec, provider, settings, Path(tmp), task_repos or {})
         except SandboxError as exc:
             return write_build_record(out, image=image, provider=provider, step="task_image", error=str(exc))
-        prov = provider_from_config(provider, cfg, purpose="build")
+        prov = provider_from_config(provider, settings, purpose="build")
         data = build_and_record(
             prov,
             image,
             out,
             spec=spec,
-            attempts=cfg.get("build_attempts", default("sandbox.build_attempts")),
+            attempts=settings.build_attempts,
             **source,
         )
     log.info(
@@ -111,7 +111,11 @@ def build_template_step(
 
 
 def _template_source(
-    rec: dict[str, Any], provider: str, cfg: Mapping[str, Any], tmp: Path, task_repos: Mapping[str, str]
+    rec: dict[str, Any],
+    provider: str,
+    settings: SandboxSettings,
+    tmp: Path,
+    task_repos: Mapping[str, str],
 ) -> dict[str, Any]:
     """Where a template's repository comes from. Task images from a registry carry it at /testbed; the
     embedded sample's images are built here from the sample repository, and synthesized tasks' images from
@@ -134,7 +138,7 @@ def _template_source(
     if provider == "docker":
         from ..sandbox.images import build_base_image, build_task_image
 
-        base = build_base_image(cfg.get("base_image", default("sandbox.base_image")))
+        base = build_base_image(settings.base_image)
         # a synthesized task's image name stays when its state changes (the tests it hides): rebuild it
         build_task_image(rec["image"], repo, commit, base=base, force=rec["repo"] in task_repos)
     return {}
@@ -145,18 +149,20 @@ def smoke_step(
 ) -> dict[str, Any]:
     """Smoke-test one built template (health and status from inside and through the port URL); always writes
     a marker, with ok: false and the failing step when the build or the smoke test failed. With prebuilt
-    images the record is the image's own (list_images) and the image is the template."""
+    images the record is the image's own (list_images) and the image is the template. `cfg`: the `sandbox`
+    config section."""
     from ..sandbox.smoke import smoke
 
+    settings = SandboxSettings.from_config(cfg)
     rec = read_json(record_file)
-    if cfg.get("prebuilt"):
+    if settings.prebuilt:
         rec = {"image": rec["image"], "template": rec["image"], "ok": True}
     base = {"image": rec["image"], "provider": provider, "template": rec.get("template")}
     if not rec.get("ok"):
         data = {**base, "ok": False, "step": "build", "error": rec.get("error", "template build failed")}
     else:
         try:
-            data = {**base, **smoke(provider_from_config(provider, cfg), rec["template"])}
+            data = {**base, **smoke(provider_from_config(provider, settings), rec["template"])}
         except SandboxError as exc:
             data = {**base, "ok": False, "step": exc.field or "smoke", "error": exc.one_line()}
     atomic_write_json(out, data)

@@ -21,6 +21,7 @@ from ..errors import DatasetError, TrainError
 from ..grading.evidence import read_evidence, write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
+from ..sandbox.settings import SandboxSettings
 from ..schema import default
 from ..util import atomic_write, atomic_write_json, replace_folder, sha256_bytes
 
@@ -116,6 +117,7 @@ def collect_trajectories_step(
     from ..proxy import ProxyConfig
     from ..trajectories.collect import collect_trajectories
 
+    settings = SandboxSettings.from_config(cfg)
     proxy = dict(collect.get("proxy") or {})
     if provider == "e2b" and not proxy.get("public_url"):
         raise TrainError(
@@ -129,7 +131,7 @@ def collect_trajectories_step(
         with expert_upstream(collect["expert"], parquets, shape) as upstream:
             preds = collect_trajectories(
                 rows,
-                provider=provider_from_config(provider, cfg),
+                provider=provider_from_config(provider, settings),
                 upstream=upstream,
                 attempts=int(collect["attempts"]),
                 max_concurrency=int(collect["max_concurrency"]),
@@ -168,13 +170,14 @@ def evaluate_predictions_step(
     from ..smith.candidates import write_jsonl
     from ..trajectories.collect import grade_predictions
 
+    settings = SandboxSettings.from_config(cfg)
     rows = {r["metadata"]["instance_id"]: r for r in _valid_rows(jsonl_files)}
     preds = read_evidence(predictions)
     records, evidence = grade_predictions(
         preds,
         rows,
-        provider=provider_from_config(provider, cfg, purpose="eval"),
-        evaluator=FreshEvaluator(network=cfg.get("network")),
+        provider=provider_from_config(provider, settings, purpose="eval"),
+        evaluator=FreshEvaluator(network=settings.network),
         parallel=parallel,
     )
     write_evidence(evidence_out, evidence)

@@ -16,6 +16,7 @@ from ..errors import SmithError
 from ..progress import item_log
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
+from ..sandbox.settings import SandboxSettings
 from ..schema import default
 from ..smith.candidates import FIRST_STRATEGIES, Candidate, read_candidates, read_jsonl, shard_of, write_jsonl
 from ..smith.profile import RepoProfile, load_profile
@@ -65,6 +66,7 @@ def repo_env_step(
     from ..smith.bug_validation import reference_run, reference_verdict
     from ..smith.env import build_environment, materialize_source
 
+    settings = SandboxSettings.from_config(sandbox_cfg)
     src = materialize_source(profile, bare_out)
     data: dict[str, Any] = {"profile": profile.to_dict(), **src, "provider": provider}
     wheel = None
@@ -74,13 +76,11 @@ def repo_env_step(
     # A fault while building or running (no engine, a dead sandbox after retries) fails the job (Snakemake
     # retries and reports it): it says nothing about the repository. Only the reference's own outcome
     # (no tests found, too few pass, a timeout) marks the repository unusable.
-    prov = provider_from_config(provider, sandbox_cfg, purpose="build")
-    tpl = build_environment(
-        prov, provider, profile, bare_out, src["commit"], cfg=dict(sandbox_cfg), wheel=wheel
-    )
+    prov = provider_from_config(provider, settings, purpose="build")
+    tpl = build_environment(prov, provider, profile, bare_out, src["commit"], settings=settings, wheel=wheel)
     data["template"] = tpl
     res = reference_run(
-        provider_from_config(provider, sandbox_cfg, purpose="eval"),
+        provider_from_config(provider, settings, purpose="eval"),
         tpl["template"],
         profile,
         src["commit"],
@@ -225,7 +225,7 @@ def validate_candidates_step(
     reports: list[dict[str, Any]] = []
     if env.get("ok") and cands:
         profile = load_profile(env["profile"])
-        prov = provider_from_config(provider, sandbox_cfg, purpose="eval")
+        prov = provider_from_config(provider, SandboxSettings.from_config(sandbox_cfg), purpose="eval")
         parser = _harness_parser(profile, harness_package)
         progress = item_log(
             len(cands), f"validate {Path(candidates_file).parent.name}/{Path(candidates_file).stem}", log

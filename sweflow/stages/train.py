@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import TrainError
 from ..rulekit import from_snakemake
+from ..sandbox.settings import SandboxSettings
 from ..train.engines import ENGINES, EngineRun
 from ..train.proxy_settings import ProxySettings
 from ..util import (
@@ -260,7 +261,7 @@ def train_grpo_step(
 
     recipe = Recipe.from_config(train)
     check_recipe(recipe)
-    proxy = ProxySettings.from_config(train)
+    proxy, settings = ProxySettings.from_config(train), SandboxSettings.from_config(sandbox)
     if provider == "e2b" and not proxy.public_url:
         raise TrainError(
             "E2B sandboxes reach the proxy over the internet, and train.proxy.public_url is not set",
@@ -271,7 +272,7 @@ def train_grpo_step(
     run_dir = Path(outputs["summary"]).parent
     work = _prepare_work(run_dir, stable_json(recipe.to_dict()))
     result = ENGINES[recipe.engine](
-        EngineRun(recipe, tasks, rows, model_dir, work, train, proxy, sandbox, provider, megatron_dir)
+        EngineRun(recipe, tasks, rows, model_dir, work, train, proxy, settings, provider, megatron_dir)
     )
     _publish(work, outputs)
     metrics = [json.loads(x) for x in Path(outputs["metrics"]).read_text().splitlines() if x.strip()]

@@ -21,6 +21,7 @@ from ..grading.task_validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, VERDICTS,
 from ..rulekit import from_snakemake
 from ..sandbox.base import Provider
 from ..sandbox.registry import provider_from_config
+from ..sandbox.settings import NetworkSettings, SandboxSettings
 from ..util import atomic_write, atomic_write_json, read_json, stable_json, write_if_changed
 
 __all__ = [
@@ -109,14 +110,14 @@ def validate_task_file(
     repeats: int = 2,
     parallel: int = 1,
     evidence_out: str | os.PathLike | None = None,
-    network_cfg: Mapping[str, Any] | None = None,
+    network: NetworkSettings | None = None,
     error_attempts: int = ERROR_ATTEMPTS,
     error_backoff: float = ERROR_BACKOFF_S,
     evaluate: Callable[..., EvalResult] = evaluate_patch,
 ) -> dict[str, Any]:
     """Validate the task in ``task_file`` (written by write_task_inputs) and write its record atomically;
-    ``evidence_out`` gets every evaluation's log and status map (``write_evidence``). ``network_cfg`` is
-    the ``sandbox.network`` config section."""
+    ``evidence_out`` gets every evaluation's log and status map (``write_evidence``). ``network`` is
+    the ``sandbox.network`` settings (None: offline)."""
     task = read_json(task_file)
     meta = task["metadata"]
     evidence: list[dict[str, Any]] = []
@@ -129,7 +130,7 @@ def validate_task_file(
         sandbox_timeout=float(meta.get("sandbox_timeout_sec") or 3600),
         error_attempts=error_attempts,
         error_backoff=error_backoff,
-        network=eval_network(network_cfg, str(meta.get("repo") or "")),
+        network=eval_network(network, str(meta.get("repo") or "")),
         evidence=evidence,
         evaluate=evaluate,
     )
@@ -162,14 +163,15 @@ def validate_task_step(
 ) -> dict[str, Any]:
     """``validate_task_file`` with the provider for fresh evaluations made from the ``sandbox`` config section
     ``cfg``; ``validation`` is the ``validation`` config section (repeats, error_attempts, error_backoff_sec)."""
+    settings = SandboxSettings.from_config(cfg)
     return validate_task_file(
         task_file,
         out,
-        provider=provider_from_config(provider, cfg, purpose="eval"),
+        provider=provider_from_config(provider, settings, purpose="eval"),
         repeats=validation["repeats"],
         parallel=parallel,
         evidence_out=evidence_out,
-        network_cfg=cfg.get("network"),
+        network=settings.network,
         error_attempts=validation.get("error_attempts", ERROR_ATTEMPTS),
         error_backoff=validation.get("error_backoff_sec", ERROR_BACKOFF_S),
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainError
+from ..sandbox.settings import SandboxSettings
 from ..schema import default
 from ..util import atomic_write, atomic_write_json, read_json
 from .proxy_settings import ProxySettings
@@ -30,8 +31,7 @@ log = logging.getLogger("sweflow.train")
 @dataclass(frozen=True)
 class EngineRun:
     """What an engine trains: the recipe, the task rows (and their file), the model, the work folder, the
-    `train` section (a TRL rank rebuilds the recipe from it), the proxy settings and the live `sandbox`
-    section its rollouts need."""
+    `train` section (a TRL rank rebuilds the recipe from it) and the settings its rollouts need."""
 
     recipe: Recipe
     tasks: str | os.PathLike
@@ -40,7 +40,7 @@ class EngineRun:
     work: Path
     train: Mapping[str, Any]
     proxy: ProxySettings
-    sandbox: Mapping[str, Any]
+    sandbox: SandboxSettings
     provider: str
     megatron_dir: str | None = None
 
@@ -90,7 +90,7 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
         "work": str(work),
         "train": dict(train),
         "proxy": proxy.to_spec(),
-        "sandbox": dict(sandbox),
+        "sandbox": sandbox.to_spec(),
         "provider": provider,
         "logs": str(logs),
         "result": str(result_file),
@@ -151,7 +151,8 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
     atomic_write(agent_cfg, ve.agent_loop_config_yaml())
     spec = {
         "provider": provider,
-        "sandbox": dict(sandbox),
+        # JSON-equal to the validated sections: the spec's bytes do not change
+        "sandbox": sandbox.to_spec(),
         "proxy": proxy.to_spec(),
         "rollout": {
             "max_concurrency": recipe.max_concurrency,

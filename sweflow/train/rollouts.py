@@ -19,6 +19,7 @@ from ..rollout.clients import HttpProxyClient
 from ..rollout.dispatcher import Dispatcher
 from ..rollout.types import RolloutConfig, RolloutResult
 from ..sandbox.base import Provider
+from ..sandbox.settings import NetworkSettings
 
 
 @dataclass
@@ -195,7 +196,7 @@ class PolicyRollouts:
         max_concurrency: int = 4,
         turn_timeout: float | None = None,
         session_prefix: str = "",
-        eval_network: dict[str, Any] | None = None,
+        eval_network: NetworkSettings | None = None,
         token_build_mode: str = "tito",
         token_build_model: str = "auto",
     ) -> None:

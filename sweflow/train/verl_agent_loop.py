@@ -217,6 +217,7 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     from ..rollout.clients import HttpProxyClient
     from ..rollout.dispatcher import Dispatcher
     from ..sandbox.registry import provider_from_config
+    from ..sandbox.settings import SandboxSettings
     from .proxy_settings import ProxySettings
 
     path = os.environ.get(ROLLOUT_SPEC_ENV)
@@ -251,7 +252,8 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     public = settings.public_url
     router_url = str(public).format(port=port, host=socket.gethostname()) if public else None
     client = HttpProxyClient(local, admin_token=proxy.admin_token)
-    provider = provider_from_config(spec["provider"], spec.get("sandbox") or {})
+    sandbox = SandboxSettings.from_spec(spec.get("sandbox") or {}, where=f"{path}: sandbox")
+    provider = provider_from_config(spec["provider"], sandbox)
     base = RolloutConfig(**{**rollout, "router_url": router_url})
 
     def run_sample(row: dict[str, Any], group_index: int, prefix: str) -> RolloutResult:

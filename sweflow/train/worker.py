@@ -23,12 +23,12 @@ from .launch import SPEC_ENV
 # <result>.
 def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider) -> dict[str, Any]:
     """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step.
-    `proxy`: the ProxySettings; `sandbox`: the `sandbox` config section."""
+    `proxy`: the ProxySettings; `sandbox`: the SandboxSettings."""
     from ..sandbox.registry import provider_from_config
     from .rollouts import PolicyRollouts
     from .trl_engine import train_trl
 
-    prov = provider_from_config(provider, dict(sandbox))
+    prov = provider_from_config(provider, sandbox)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -49,7 +49,7 @@ def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider) -> d
             max_concurrency=recipe.max_concurrency,
             turn_timeout=recipe.turn_timeout,
             session_prefix=f"{recipe.run}.",
-            eval_network=dict(sandbox.get("network") or {}),
+            eval_network=sandbox.network,
             token_build_mode=proxy.build_mode,
             token_build_model=proxy.build_model,
         )
@@ -74,6 +74,7 @@ def main() -> int:
         os.uname().nodename,
         os.environ.get("LOCAL_RANK"),
     )
+    from ..sandbox.settings import SandboxSettings
     from .proxy_settings import ProxySettings
     from .recipe import Recipe
 
@@ -85,7 +86,7 @@ def main() -> int:
             spec["model_dir"],
             Path(spec["work"]),
             ProxySettings.from_spec(spec["proxy"], where=f"${SPEC_ENV}: proxy"),
-            spec["sandbox"],
+            SandboxSettings.from_spec(spec["sandbox"], where=f"${SPEC_ENV}: sandbox"),
             spec["provider"],
         )
     except SweflowError as exc:

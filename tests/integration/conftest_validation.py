@@ -100,11 +100,13 @@ def docker_env(tmp: Path, ids=ALL_IDS) -> SampleEnv:
     harness = sample_harness()
     from sweflow.sandbox.images import build_sample_images
     from sweflow.sandbox.registry import provider_from_config
+    from sweflow.sandbox.settings import SandboxSettings
 
     info = materialize_repo(tmp / "calclib")
     rows = [load_task(i) for i in ids]
     tags = build_sample_images(rows, repo_path=info.path)
-    provider = provider_from_config("docker", {"docker": {"cpus": 1, "mem_mb": 1024}}, purpose="eval")
+    settings = SandboxSettings.from_config({"docker": {"cpus": 1, "mem_mb": 1024}})
+    provider = provider_from_config("docker", settings, purpose="eval")
     return SampleEnv("docker", provider, dict(zip(ids, tags, strict=True)), harness, info.path, tmp)
 
 
@@ -115,11 +117,13 @@ def local_env(tmp: Path, ids=ALL_IDS) -> SampleEnv:
     harness = sample_harness()
     from sweflow.sandbox.images import sample_image_name
     from sweflow.sandbox.registry import provider_from_config
+    from sweflow.sandbox.settings import SandboxSettings
     from sweflow.sandbox.spec import TemplateSpec, template_name
 
     info = materialize_repo(tmp / "calclib")
     root = tmp / "local-templates"
-    provider = provider_from_config("local", {"local": {"templates_root": str(root)}}, purpose="eval")
+    settings = SandboxSettings.from_config({"local": {"templates_root": str(root)}})
+    provider = provider_from_config("local", settings, purpose="eval")
     templates = {}
     for iid in ids:
         image = sample_image_name(iid)

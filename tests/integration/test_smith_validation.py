@@ -30,6 +30,7 @@ class Env:
         if why:
             pytest.skip(why)
         from sweflow.sandbox.registry import provider_from_config
+        from sweflow.sandbox.settings import SandboxSettings
 
         self.harness = sample_harness()
         self.parser = self.harness.find_parser("parse_log_pytest")
@@ -39,10 +40,10 @@ class Env:
         self.bare = tmp / "repo.git"
         src = materialize_source(self.profile, self.bare)
         self.commit, self.date = src["commit"], src["date"]
-        cfg = {"local": {"templates_root": str(tmp / "templates")}}
+        cfg = SandboxSettings.from_config({"local": {"templates_root": str(tmp / "templates")}})
         self.provider = provider_from_config("local", cfg, purpose="eval")
         build = provider_from_config("local", cfg, purpose="build")
-        self.template = build_environment(build, "local", self.profile, self.bare, self.commit, cfg=cfg)[
+        self.template = build_environment(build, "local", self.profile, self.bare, self.commit, settings=cfg)[
             "template"
         ]
         res = reference_run(
@@ -260,6 +261,7 @@ def test_docker_environment_and_validation(tmp_path):
     """The same branch with the Docker provider: the environment image is built from the bare repository on
     the locally built Debian base, the reference passes, and a bug is kept with its F2P."""
     from sweflow.sandbox.registry import provider_from_config
+    from sweflow.sandbox.settings import SandboxSettings
     from sweflow.stages.smith import repo_env_step
     from tests.integration.conftest_validation import docker_available
 
@@ -278,7 +280,8 @@ def test_docker_environment_and_validation(tmp_path):
     stats = (tree / STATS).read_text()
     patch = file_patch(STATS, stats, stats.replace(MEDIAN_BODY, "    return values[0]\n"))
     cand = make_candidate("sweflow/calclib", env["commit"], "procedural", patch, [STATS], entity="median")
-    rep = validate_candidate(provider_from_config("docker", cfg, purpose="eval"), env["template"]["template"],
+    rep = validate_candidate(provider_from_config("docker", SandboxSettings.from_config(cfg), purpose="eval"),
+                             env["template"]["template"],
                              prof, env["commit"], cand, env["reference"],
                              parser=harness.find_parser("parse_log_pytest"), runs=2)  # fmt: skip
     assert rep["status"] == "kept", rep

@@ -512,15 +512,17 @@ def test_network_reaches_create_only_when_given():
 
 def test_eval_network_per_repository():
     from sweflow.grading.evaluate import eval_network
+    from sweflow.sandbox.settings import NetworkSettings
 
-    cfg = {"eval": "none", "eval_repos": {"pydicom/pydicom": "internet"}}
+    net = NetworkSettings.from_config
+    cfg = net({"eval": "none", "eval_repos": {"pydicom/pydicom": "internet"}})
     assert eval_network(cfg, "pydicom/pydicom") == "internet"
     assert eval_network(cfg, "PyDicom/pydicom") == "internet"
     assert eval_network(cfg, "getmoto/moto") == "none"
-    assert eval_network({}, "getmoto/moto") == eval_network(None, "x/y") == "none"
-    assert eval_network({"eval": "internet", "eval_repos": {"x/y": "none"}}, "x/y") == "none"
+    assert eval_network(net({}), "getmoto/moto") == eval_network(None, "x/y") == "none"
+    assert eval_network(net({"eval": "internet", "eval_repos": {"x/y": "none"}}), "x/y") == "none"
     with pytest.raises(EvalError, match="unknown evaluation network 'bridge'"):
-        eval_network({"eval": "bridge"}, "x/y")
+        eval_network(net({"eval": "bridge"}), "x/y")
 
 
 def test_evidence_is_byte_stable_gzip_with_the_whole_log_and_status_map(tmp_path):

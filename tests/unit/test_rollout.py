@@ -340,6 +340,7 @@ def test_an_infrastructure_failure_of_the_grading_aborts_the_sample_never_reward
 
 def test_fresh_evaluator_gives_each_row_its_configured_network():
     from sweflow.rollout.evaluator import FreshEvaluator
+    from sweflow.sandbox.settings import NetworkSettings
 
     class Prov:
         name = "p"
@@ -355,7 +356,8 @@ def test_fresh_evaluator_gives_each_row_its_configured_network():
 
     prov = Prov()
     ev = FreshEvaluator(
-        network={"eval": "none", "eval_repos": {META["repo"]: "internet"}}, sleep=lambda _s: None
+        network=NetworkSettings.from_config({"eval": "none", "eval_repos": {META["repo"]: "internet"}}),
+        sleep=lambda _s: None,
     )
     res = ev.evaluate_patch(
         prov, "tpl", dict(META), "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"

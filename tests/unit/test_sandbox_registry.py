@@ -1,4 +1,4 @@
-"""provider_from_config: one place turns the `sandbox` config section into a provider, per purpose."""
+"""provider_from_config: one place turns the `sandbox` settings into a provider, per purpose."""
 
 from __future__ import annotations
 
@@ -6,12 +6,16 @@ import pytest
 
 from sweflow.sandbox import registry
 from sweflow.sandbox.limits import LimitSpec
+from sweflow.sandbox.settings import SandboxSettings
 
-CFG = {
-    "local": {"templates_root": "/tmp/templates", "pids_limit": 77, "mem_mb": 1024, "scratch_mb": 0},
-    "docker": {"cpus": 3, "mem_mb": 2048, "pids_limit": 99, "file_size_mb": 512, "disk_mb": 0},
-    "network": {"docker_network": "evalnet"},
-}
+CFG = SandboxSettings.from_config(
+    {
+        "local": {"templates_root": "/tmp/templates", "pids_limit": 77, "mem_mb": 1024, "scratch_mb": 0},
+        "docker": {"cpus": 3, "mem_mb": 2048, "pids_limit": 99, "file_size_mb": 512, "disk_mb": 0},
+        "network": {"docker_network": "evalnet"},
+    }
+)
+EMPTY = SandboxSettings.from_config({})
 
 
 class Made:
@@ -43,11 +47,11 @@ def test_local_and_docker_options_come_from_their_sections(made, purpose, server
 def test_only_fresh_evaluations_join_the_configured_docker_network(made):
     assert registry.provider_from_config("docker", CFG, purpose="eval").internet_network == "evalnet"
     assert registry.provider_from_config("docker", CFG, purpose="run").internet_network == "bridge"
-    assert registry.provider_from_config("docker", {}, purpose="eval").internet_network == "bridge"
+    assert registry.provider_from_config("docker", EMPTY, purpose="eval").internet_network == "bridge"
 
 
 def test_defaults_and_other_providers(made):
-    docker = registry.provider_from_config("docker", None)
+    docker = registry.provider_from_config("docker", EMPTY)
     assert docker.options == {
         "cpu": 2,
         "memory_mb": 4096,
@@ -55,7 +59,7 @@ def test_defaults_and_other_providers(made):
         "file_size_mb": 2048,
         "disk_mb": 8192,
     }
-    assert registry.provider_from_config("local", {}).options == {
+    assert registry.provider_from_config("local", EMPTY).options == {
         "templates_root": None,
         "limits": LimitSpec(),
     }

@@ -10,6 +10,7 @@ import pytest
 from sweflow.errors import DatasetError
 from sweflow.grading.evaluate import EvalResult
 from sweflow.grading.task_validation import decide, validate_task
+from sweflow.sandbox.settings import NetworkSettings
 from sweflow.stages.validate import summarize, write_task_inputs
 from sweflow.util import jsonl_line, read_json
 
@@ -272,7 +273,7 @@ def test_an_error_task_is_reported_apart_and_its_input_made_newer_so_a_rerun_ret
         rec = validate_task_file(
             task, out, provider=P(), repeats=1, evidence_out=tmp_path / "validation" / f"{iid}.evidence.jsonl.gz",
             error_attempts=2, error_backoff=0, evaluate=FlakyInfraEval(fail),
-            network_cfg={"eval": "none", "eval_repos": {"O/R": "internet"}},
+            network=NetworkSettings.from_config({"eval": "none", "eval_repos": {"O/R": "internet"}}),
         )  # fmt: skip
         assert rec["verdict"] == ("valid" if fail == 0 else "error")
         results.append(out)
@@ -304,7 +305,7 @@ def test_the_evidence_file_holds_every_evaluation_and_the_network_reaches_evalua
     ev = FlakyInfraEval(fail=1)
     ev_out = tmp_path / "t.evidence.jsonl.gz"
     validate_task_file(task, tmp_path / "r.json", provider=P(), repeats=1, evidence_out=ev_out, error_backoff=0,
-                       evaluate=ev, network_cfg={"eval_repos": {"pydicom/pydicom": "internet"}})  # fmt: skip
+                       evaluate=ev, network=NetworkSettings.from_config({"eval_repos": {"pydicom/pydicom": "internet"}}))  # fmt: skip
     assert {k["network"] for k in ev.kw} == {"internet"}
     recs = read_evidence(ev_out)
     assert [(r["patch"], r["attempt"], r["log"]) for r in recs] == [
