@@ -8,6 +8,7 @@ handed a config section that may be partial reads a default, instead of a copy o
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -63,3 +64,24 @@ def default(path: str) -> Any:
 def defaults(path: str, partial: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`partial`, the config section at dotted `path`, with the schema's defaults filled in (a copy)."""
     return fill_defaults(_node(path.split(".")), copy.deepcopy(dict(partial or {})))
+
+
+def section_settings(cls: type, path: str, partial: Mapping[str, Any] | None = None) -> Any:
+    """A settings dataclass whose fields are the keys of the section at `path`, filled from `partial` and the
+    schema's defaults (the one place their values come from)."""
+    d = defaults(path, partial)
+    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+def check_spec_keys(cls: type, spec: Any, where: str) -> None:
+    """Raise ConfigError unless `spec` (a settings object as written to a spec) is a mapping holding exactly
+    the fields of the dataclass `cls`."""
+    from .errors import ConfigError
+
+    names = [f.name for f in dataclasses.fields(cls)]
+    got = spec if isinstance(spec, Mapping) else {}
+    missing, unknown = [n for n in names if n not in got], sorted(set(got) - set(names))
+    if missing or unknown or not isinstance(spec, Mapping):
+        raise ConfigError(
+            f"{cls.__name__}: missing {missing}, unknown {unknown}", field=where, hint="rewrite the spec"
+        )

@@ -265,6 +265,9 @@ def evaluate_patch(
         return _refused(found, timings)
     host_script = host_eval_script(script, instance_id=metadata.get("instance_id"))
     eval_timeout = int(min(EVAL_TIMEOUT, max(1.0, step_timeout - 60)))
+    sb: Sandbox | None = None
+    log_dir = tempfile.mkdtemp(prefix="sweflow-eval-")
+    log_path = os.path.join(log_dir, "eval.log")
     try:
         grader = grader or HostGrader.for_metadata(metadata)
         start = getattr(getattr(grader, "harness", None), "start_marker", None)
@@ -285,15 +288,6 @@ def evaluate_patch(
             if canaries and family
             else []
         )
-    except Exception as exc:  # noqa: BLE001 - as a fault inside the sandbox step: a graded outcome
-        log.warning(
-            "fresh evaluation of %s failed: %s: %s", metadata.get("instance_id"), type(exc).__name__, exc
-        )
-        return _result(FRESH_EVAL_EXCEPTION, timings, error=f"{type(exc).__name__}: {exc}")
-    sb: Sandbox | None = None
-    log_dir = tempfile.mkdtemp(prefix="sweflow-eval-")
-    log_path = os.path.join(log_dir, "eval.log")
-    try:
         sb = provider.create(
             template,
             timeout=sandbox_timeout,

@@ -5,11 +5,10 @@ validated config (defaults from the schema only) and carried through a spec (`to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from ..schema import defaults
+from ..schema import check_spec_keys, defaults, section_settings
 from .limits import LimitSpec
 
 
@@ -57,8 +56,7 @@ class DockerSettings:
 
     @classmethod
     def from_config(cls, docker: Mapping[str, Any] | None) -> DockerSettings:
-        d = defaults("sandbox.docker", docker)
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        return section_settings(cls, "sandbox.docker", docker)
 
 
 @dataclass(frozen=True)
@@ -71,8 +69,7 @@ class E2BSettings:
 
     @classmethod
     def from_config(cls, e2b: Mapping[str, Any] | None) -> E2BSettings:
-        d = defaults("sandbox.e2b", e2b)
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        return section_settings(cls, "sandbox.e2b", e2b)
 
 
 @dataclass(frozen=True)
@@ -129,9 +126,9 @@ class SandboxSettings:
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], *, where: str = "sandbox") -> SandboxSettings:
         """What ``to_spec`` wrote: every field of every sub-section present, nothing else."""
-        _check_keys(cls, spec, where)
+        check_spec_keys(cls, spec, where)
         for name, kind in _SECTIONS.items():
-            _check_keys(kind, spec[name], f"{where}.{name}")
+            check_spec_keys(kind, spec[name], f"{where}.{name}")
         return cls.from_config(spec)
 
     def to_spec(self) -> dict[str, Any]:
@@ -139,13 +136,3 @@ class SandboxSettings:
         out = asdict(self)
         out["packages"] = list(self.packages)
         return out
-
-
-def _check_keys(cls: type, spec: Any, where: str) -> None:
-    names = [f.name for f in fields(cls)]
-    got = spec if isinstance(spec, Mapping) else {}
-    missing, unknown = [n for n in names if n not in got], sorted(set(got) - set(names))
-    if missing or unknown or not isinstance(spec, Mapping):
-        raise ConfigError(
-            f"sandbox settings: missing {missing}, unknown {unknown}", field=where, hint="rewrite the spec"
-        )

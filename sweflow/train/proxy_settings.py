@@ -4,11 +4,10 @@ config (defaults from the schema only) and carried to a rollout spec and back wi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from ..schema import defaults
+from ..schema import check_spec_keys, section_settings
 
 
 @dataclass(frozen=True)
@@ -25,25 +24,13 @@ class ProxySettings:
     @classmethod
     def from_config(cls, train: Mapping[str, Any]) -> ProxySettings:
         """From the `train` section (its `proxy`, the schema's defaults filled in)."""
-        p = defaults("train.proxy", train.get("proxy"))
-        return cls(
-            host=str(p["host"]),
-            port=int(p["port"]),
-            public_url=p["public_url"],
-            build_mode=str(p["build_mode"]),
-            build_model=str(p["build_model"]),
-        )
+        return section_settings(cls, "train.proxy", train.get("proxy"))
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], *, where: str = "proxy") -> ProxySettings:
         """What ``to_spec`` wrote: every field present, nothing else."""
-        names = [f.name for f in fields(cls)]
-        missing, unknown = [n for n in names if n not in spec], sorted(set(spec) - set(names))
-        if missing or unknown:
-            raise ConfigError(
-                f"proxy settings: missing {missing}, unknown {unknown}", field=where, hint="rewrite the spec"
-            )
-        return cls(**{n: spec[n] for n in names})
+        check_spec_keys(cls, spec, where)
+        return cls(**spec)
 
     def to_spec(self) -> dict[str, Any]:
         return asdict(self)
