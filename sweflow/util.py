@@ -176,14 +176,17 @@ def run_cmd(
     env: dict[str, str] | None = None,
     input: bytes | str | None = None,
     check: bool = False,
+    umask: int = -1,
 ) -> subprocess.CompletedProcess:
-    """Run a command with a mandatory timeout, capturing output as text. Kills the whole group on timeout."""
+    """Run a command with a mandatory timeout, capturing output as text. Kills the whole group on timeout.
+    ``umask`` (if not -1) is the child's, instead of this process's."""
     shell = isinstance(cmd, str)
     proc = subprocess.Popen(
         cmd,
         shell=shell,
         cwd=cwd,
         env=env,
+        umask=umask,
         stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -35,7 +35,7 @@ from .base import (
 )
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .limits import Limits, LimitSpec
-from .local_bwrap import _bwrap, _chown_tree
+from .local_bwrap import UMASK, _bwrap, _chown_tree, _mkdir
 from .local_template import LocalTemplates, default_root
 from .logged import LogSink
 from .spec import CLAUDE_PATH, RUNTIME_DIR
@@ -158,26 +158,25 @@ class LocalSandbox(SandboxBase):
         self._procs: list[subprocess.Popen] = []
         self._plock = threading.Lock()
         self._bg_ids = itertools.count()
-        sandboxes = provider.root / "_sandboxes"
-        sandboxes.mkdir(parents=True, exist_ok=True)
-        os.chmod(sandboxes, 0o711)
+        sandboxes = _mkdir(provider.root / "_sandboxes", 0o711, exist_ok=True)
         self.dir = sandboxes / sid
         self._record(provider.name, dir=str(self.dir))
-        self.dir.mkdir(mode=0o711)
+        _mkdir(self.dir, 0o711)
         self._timer = threading.Timer(timeout, self.kill)
         self._timer.daemon = True
         self.limits: Limits | None = None
         try:
             self.limits = Limits(sid, provider.limits)
             for sub in ("tmp", "home", "run"):
-                (self.dir / sub).mkdir(mode=0o700)
+                _mkdir(self.dir / sub, 0o700)
                 os.chown(self.dir / sub, self.uid, self.uid)
                 if sub != "run":
                     self.limits.mount_scratch(self.dir / sub, self.uid)
-            (self.dir / "bg").mkdir(mode=0o700)  # host-only: never bound into the sandbox
+            _mkdir(self.dir / "bg", 0o700)  # host-only: never bound into the sandbox
             res = run_cmd(
                 ["cp", "-a", str(provider.template_dir(template) / "testbed"), str(self.dir / "testbed")],
                 timeout=600,
+                umask=UMASK,
             )
             if res.returncode != 0:
                 raise SandboxError(
@@ -285,7 +284,7 @@ class LocalSandbox(SandboxBase):
         if self._netns is not None:
             pass_fds = (*pass_fds, self._netns)
         with self._plock:
-            proc = subprocess.Popen(argv, start_new_session=True, pass_fds=pass_fds, **kw)
+            proc = subprocess.Popen(argv, start_new_session=True, pass_fds=pass_fds, umask=UMASK, **kw)
             self._procs.append(proc)
         return proc
 

@@ -36,6 +36,19 @@ def _system_binds() -> list[str]:
     return args
 
 
+# What local sandboxes and template builds get whatever the host process's umask is (a site's 077 made the
+# sandbox folder unsearchable for the sandbox uid, and the shared venvs unreadable): every folder the sandbox
+# uid must reach gets an explicit mode, and every process started for a sandbox or a build this umask.
+UMASK = 0o022
+
+
+def _mkdir(path: Path, mode: int = 0o755, *, exist_ok: bool = False) -> Path:
+    """mkdir (parents too) with ``mode`` exactly, not ``mode`` less this process's umask."""
+    path.mkdir(parents=True, exist_ok=exist_ok)
+    os.chmod(path, mode)
+    return path
+
+
 def _drop(uid: int) -> list[str]:
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
 
@@ -54,7 +67,7 @@ def check_unprivileged(uid: int) -> None:
     for tool, pkg in (("bwrap", "bubblewrap"), ("setpriv", "util-linux"), ("nsenter", "util-linux")):
         if shutil.which(tool) is None:
             raise SandboxError(f"{tool} is not installed", hint=f"apt-get install {pkg}")
-    res = run_cmd(_bwrap(uid, own_net=True) + ["--", "/bin/true"], timeout=60)
+    res = run_cmd(_bwrap(uid, own_net=True) + ["--", "/bin/true"], timeout=60, umask=UMASK)
     if res.returncode != 0:
         why = (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1]
         raise SandboxError(
@@ -78,6 +91,6 @@ def _searchable(path: Path) -> None:
 
 
 def _chown_tree(path: Path, uid: int) -> None:
-    res = run_cmd(["chown", "-R", "--no-dereference", f"{uid}:{uid}", str(path)], timeout=600)
+    res = run_cmd(["chown", "-R", "--no-dereference", f"{uid}:{uid}", str(path)], timeout=600, umask=UMASK)
     if res.returncode != 0:
         raise SandboxError(f"chown failed: {res.stderr.strip()}", file=str(path))

@@ -21,7 +21,7 @@ from ..util import atomic_write_json, read_json, replace_folder, run_cmd, sha256
 from . import ledger
 from .base import TemplateRecord
 from .images import CONDA_ACTIVATE, CONDA_BIN
-from .local_bwrap import _bwrap, _chown_tree, _searchable, check_unprivileged
+from .local_bwrap import UMASK, _bwrap, _chown_tree, _mkdir, _searchable, check_unprivileged
 from .spec import RUNTIME_DIR, TemplateSpec
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -137,8 +137,10 @@ class LocalTemplates:
             if (dest / ".ready").exists():
                 return dest
             shutil.rmtree(dest, ignore_errors=True)
-            (dest / "bin").mkdir(parents=True)
+            _mkdir(dest, 0o755)
+            _mkdir(dest / "bin", 0o755)
             (dest / "bin" / "activate").write_text(CONDA_ACTIVATE)
+            (dest / "bin" / "activate").chmod(0o644)
             (dest / "bin" / "conda").write_text(CONDA_BIN)
             (dest / "bin" / "conda").chmod(0o755)
             cmd = f"{SYSTEM_PYTHON} -m venv /opt/miniconda3/envs/testbed"
@@ -171,7 +173,7 @@ class LocalTemplates:
             if (dest / ".ready").exists():
                 return dest
             shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir(parents=True)
+            _mkdir(dest, 0o755)
             # the build runs as the sandbox uid: give it a readable copy of the wheel in its own folder
             stage = Path(tempfile.mkdtemp(prefix=".wheel-", dir=self.root / "_shared"))
             try:
@@ -195,8 +197,7 @@ class LocalTemplates:
     ) -> None:
         """Run a build command (our code, with network for pip) as the sandbox uid under bwrap, with host
         dirs bound at their in-sandbox paths (rw unless in `ro`); the results end up owned by root."""
-        shared = self.root / "_shared"
-        shared.mkdir(parents=True, exist_ok=True)
+        shared = _mkdir(self.root / "_shared", 0o755, exist_ok=True)
         _searchable(shared)
         with tempfile.TemporaryDirectory(prefix=".home-", dir=shared) as home:
             os.chmod(home, 0o700)
@@ -208,7 +209,7 @@ class LocalTemplates:
             for src, dst in binds.items():
                 args += ["--ro-bind" if dst in ro else "--bind", src, dst]
             args += ["--setenv", "HOME", "/root", "--", "/bin/bash", "-c", cmd]
-            res = run_cmd(args, timeout=900)
+            res = run_cmd(args, timeout=900, umask=UMASK)
             for src in binds:
                 _chown_tree(Path(src), 0)  # sandboxes get these read-only, and not as their owner
         if res.returncode != 0:
@@ -216,11 +217,13 @@ class LocalTemplates:
 
 
 def _clone_at(repo: Path, commit: str, dest: Path) -> None:
-    res = run_cmd(["git", "clone", "--quiet", "--no-hardlinks", str(repo), str(dest)], timeout=600)
+    res = run_cmd(
+        ["git", "clone", "--quiet", "--no-hardlinks", str(repo), str(dest)], timeout=600, umask=UMASK
+    )
     if res.returncode != 0:
         raise SandboxError(f"git clone failed: {res.stderr.strip()}", file=str(repo))
     for args in (["checkout", "--quiet", "--detach", commit], ["remote", "remove", "origin"]):
-        res = run_cmd(["git", "-C", str(dest), *args], timeout=120)
+        res = run_cmd(["git", "-C", str(dest), *args], timeout=120, umask=UMASK)
         if res.returncode != 0:
             raise SandboxError(f"git {args[0]} failed: {res.stderr.strip()}", file=str(repo), field=commit)
 
@@ -240,7 +243,11 @@ def _export_testbed(image: str, dest: Path) -> None:
     entry = ledger.record("container", "docker", cid[:12], container=cid)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        res = run_cmd(f"docker cp {cid}:/testbed - | tar -x -C {shlex.quote(str(dest.parent))}", timeout=900)
+        res = run_cmd(
+            f"docker cp {cid}:/testbed - | tar -x -C {shlex.quote(str(dest.parent))}",
+            timeout=900,
+            umask=UMASK,
+        )
         if res.returncode != 0 or not dest.is_dir():
             raise SandboxError(f"exporting /testbed failed: {res.stderr.strip()}", file=image)
     finally:

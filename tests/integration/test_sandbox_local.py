@@ -6,6 +6,8 @@ import concurrent.futures as cf
 import json
 import shlex
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -18,6 +20,7 @@ from sweflow.sandbox.local import LocalProvider
 from sweflow.sandbox.smoke import smoke
 from sweflow.sandbox.spec import TemplateSpec, template_name
 from tests.fakes.e2b_envd import wait_until
+from tests.integration.conftest import ROOT
 
 pytestmark = [
     pytest.mark.integration,
@@ -185,6 +188,44 @@ def test_missing_template_and_smoke_failure_name_the_template(tmp_path):
     with pytest.raises(SandboxError) as ei:
         smoke(provider, "nope")
     assert ei.value.file == "nope" and ei.value.field == "create"
+
+
+# A site's umask 077 (the host process's) once made the sandbox folder unsearchable for the sandbox uid: bwrap
+# then failed with "Can't find source path .../tmp: Permission denied", a rollout aborted as sandbox_died.
+_UMASK_CHILD = """
+import json, sys
+from pathlib import Path
+from sweflow.sample import materialize_repo, sample_rows
+from sweflow.sandbox.build import build_and_record
+from sweflow.sandbox.local import LocalProvider
+from sweflow.sandbox.spec import TemplateSpec
+tmp = Path(sys.argv[1])
+info = materialize_repo(tmp / "calclib")
+row = sample_rows("train")[0]
+image = f"sweflow-sample/{row['instance_id']}:latest"
+provider = LocalProvider(tmp / "templates")
+rec = build_and_record(provider, image, tmp / "record.json", spec=TemplateSpec(image=image), attempts=1,
+                       repo=info.path, commit=row["base_commit"])
+assert rec["ok"], rec
+with provider.create(rec["template"], timeout=120) as sb:
+    r = sb.run("umask; echo hi > /tmp/x && cat /tmp/x && test -w /testbed && "
+               "/opt/miniconda3/envs/testbed/bin/python -m pytest --version", timeout=60)
+    print(json.dumps({"rc": r.exit_code, "out": r.stdout, "err": r.stderr}))
+"""
+
+
+def test_a_restrictive_host_umask_changes_nothing_in_the_sandbox(tmp_path):
+    """Template build and sandbox from a process with umask 077: the sandbox starts (with its server: create
+    fails when the in-sandbox forwarders cannot start), its commands run with umask 022 and can use /tmp, the workspace and the shared venvs."""
+    res = subprocess.run(
+        [sys.executable, "-c", _UMASK_CHILD, str(tmp_path)], capture_output=True, text=True, timeout=600,
+        umask=0o077, cwd=ROOT,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 0, got
+    assert got["out"].split("\n")[:2] == ["0022", "hi"], got
+    assert got["out"].split("\n")[2].startswith("pytest "), got
 
 
 def test_sandbox_runs_unprivileged_and_sees_only_its_workspace(local):
