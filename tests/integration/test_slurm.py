@@ -36,8 +36,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.claude, pytest.mark.slurm]
 RUN = "results/sample/grpo/tiny"
 
 
+FAST_POLL = ROOT / "tests" / "slurm_profile" / "fast_poll.py"
+
+
 def snakemake(work: Path, profile: Path, *args: str, timeout: int = 1800, env=None):
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
+    cmd = [sys.executable, str(FAST_POLL), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
            "--profile", str(profile), "--workflow-profile", "none", *args]  # fmt: skip
     # `timeout -k`: the plugin's status polling has been seen to ignore SIGTERM
     full = ["timeout", "-k", "20", str(timeout), *cmd]
