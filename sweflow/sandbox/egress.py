@@ -70,9 +70,11 @@ class Routes:
         wanted = [EGRESS_READY] * (self.egress is not None) + [BLACKBOX_READY] * (self.blackbox is not None)
         deadline = time.monotonic() + timeout
         while not all((self.folder / name).exists() for name in wanted):
-            if time.monotonic() >= deadline or (alive is not None and not alive()):
+            dead = alive is not None and not alive()
+            if dead or time.monotonic() >= deadline:
                 raise SandboxError(
-                    f"the in-sandbox forwarders did not start within {timeout:.0f}s",
+                    "the in-sandbox forwarders did not start: "
+                    + ("the sandbox's holder exited" if dead else f"not listening after {timeout:.0f}s"),
                     file=str(self.folder),
                     hint="does the template carry the runtime (/opt/sweflow/runtime)?",
                 )

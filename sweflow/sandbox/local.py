@@ -229,15 +229,33 @@ class LocalSandbox(SandboxBase):
             child = json.loads(info)["child-pid"]
             self._netns = os.open(f"/proc/{child}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         except (ValueError, KeyError, OSError) as exc:
-            res = self._holder.poll()
-            why = (res.stderr if res else "").strip()[-300:] or str(exc)
             raise SandboxError(
-                f"the sandbox's server did not start: {why}", file=self.template, row=self.id
+                f"the sandbox's server did not start: {self._holder_exit() or exc}",
+                file=self.template,
+                row=self.id,
             ) from exc
-        self.routes.wait_ready(alive=lambda: self._holder.poll() is None)
+        try:
+            self.routes.wait_ready(alive=lambda: self._holder.poll() is None)
+        except SandboxError as exc:
+            why = self._holder_exit()
+            problem = f"{exc.problem} ({why})" if why else exc.problem
+            raise SandboxError(problem, file=exc.file, row=self.id, hint=exc.hint) from exc
         self.routes.lock(0)  # host root: the sandbox uid (never 0) can no longer change the folder
         if server:
             self.server = self._holder
+
+    def _holder_exit(self, wait: float = 2.0) -> str:
+        """How the holder ended (its exit status and the tail of its stderr), once it has: for the error."""
+        holder = self._holder
+        if holder is None:
+            return ""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            holder.proc.wait(timeout=wait)
+        res = holder.poll()
+        if res is None:
+            return "the holder still runs"
+        err = " ".join(res.stderr.split())[-300:]
+        return f"holder exit {res.exit_code}" + (f", {err}" if err else "")
 
     # The agent is hostile. Every command is `setpriv` (uid/gid `sandbox_uid`, default 65534, no groups) in
     # front of an unprivileged `bwrap`: own user, pid, ipc, uts, cgroup and network namespaces, no
@@ -436,8 +454,13 @@ def _read_all(fd: int, timeout: float) -> bytes:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    """SIGKILL the group `proc` leads, only while `proc` is unreaped: a reaped leader's pid (the group id) may
+    already be another process's, such as a new sandbox's command (each leads its own group), and this
+    process is root. Its sandbox's processes die with it (bwrap --die-with-parent; the pid namespace)."""
+    with getattr(proc, "_waitpid_lock", contextlib.nullcontext()):  # nothing reaps it between check and kill
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.wait(timeout=10)
 
