@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DatasetError, HarnessError
+from ..schema import default
 from ..util import jsonl_line
 from .image_names import ImageNaming
 from .sanitizer import sanitizer_command
@@ -37,15 +38,15 @@ class ConvertOptions:
     dataset: str
     split: str
     provider: str
-    blackbox_type: str = "claude_code"
-    agent_mode: str = "blackbox"
-    workdir: str = "/testbed"
-    sandbox_timeout_sec: int = 3600
-    sanitizer_timeout_sec: int = 120
-    after_agent_timeout_sec: int = 1260
-    eval_timeout_sec: int = 1200
-    reward_function: str = "swegym_fresh_eval"
-    reward_marker: str = "SWEFLOW_REWARD_JSON="
+    blackbox_type: str = default("agent.blackbox_type")
+    agent_mode: str = default("agent.agent_mode")
+    workdir: str = default("agent.backend_options.working_directory")
+    sandbox_timeout_sec: int = default("sandbox.timeout_sec")
+    sanitizer_timeout_sec: int = default("harness.sanitizer_timeout_sec")
+    after_agent_timeout_sec: int = default("harness.after_agent_timeout_sec")
+    eval_timeout_sec: int = default("harness.eval_timeout_sec")
+    reward_function: str = default("harness.reward_function")
+    reward_marker: str = default("harness.reward_marker")
     backend_options: dict[str, Any] = field(default_factory=dict)
     naming: ImageNaming = field(default_factory=ImageNaming)
     harness_info: dict[str, Any] = field(default_factory=dict)

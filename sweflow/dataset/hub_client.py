@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from ..errors import DatasetError
+from ..schema import default
 from ..util import atomic_write, retry
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}\Z")
@@ -104,7 +105,7 @@ def download_file(
     repo_type: str = "dataset",
     cache_dir: str | os.PathLike | None = None,
     token: str | bool | None = None,
-    attempts: int = 4,
+    attempts: int = default("dataset.hub.download_attempts"),
     timeout: float = 60,
 ) -> Path:
     """hf_hub_download at an exact commit sha, then an atomic copy to `dest` (no partial file is ever left)."""

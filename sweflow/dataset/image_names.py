@@ -8,36 +8,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DatasetError
-from ..schema import default
-
-DEFAULT_PREFIX = "xingyaoww/sweb.eval.x86_64."
-LEGACY_PREFIX = "swebench/sweb.eval.x86_64."
-LEGACY_REPOS = frozenset(
-    {
-        "marshmallow-code/marshmallow",
-        "pydicom/pydicom",
-        "pylint-dev/astroid",
-        "pvlib/pvlib-python",
-        "pyvista/pyvista",
-        "sqlfluff/sqlfluff",
-    }
-)
+from ..schema import default, defaults
 
 
 @dataclass(frozen=True)
 class ImageNaming:
-    prefix: str = DEFAULT_PREFIX
-    legacy_prefix: str = LEGACY_PREFIX
-    legacy_repos: frozenset[str] = LEGACY_REPOS
-    tag: str = "latest"
+    prefix: str = default("images.prefix")
+    legacy_prefix: str = default("images.legacy_prefix")
+    legacy_repos: frozenset[str] = frozenset(default("images.legacy_repos"))
+    tag: str = default("images.tag")
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ImageNaming:
+        c = defaults("images", cfg)
         return cls(
-            prefix=cfg.get("prefix", DEFAULT_PREFIX),
-            legacy_prefix=cfg.get("legacy_prefix", LEGACY_PREFIX),
-            legacy_repos=frozenset(cfg.get("legacy_repos", LEGACY_REPOS)),
-            tag=cfg.get("tag", default("images.tag")),
+            prefix=c["prefix"],
+            legacy_prefix=c["legacy_prefix"],
+            legacy_repos=frozenset(c["legacy_repos"]),
+            tag=c["tag"],
         )
 
     def image_for(self, instance_id: str, repo: str) -> str:

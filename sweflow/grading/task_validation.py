@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..sandbox.base import Provider
+from ..schema import default
 from .evaluate import EvalResult, evaluate_patch
 from .evidence import evidence_record
 from .patch import check_patch
@@ -40,8 +41,8 @@ log = logging.getLogger("sweflow.validation")
 # Every evaluation's evidence: the whole host-side log and the parsed status map, appended to the caller's
 # ``evidence`` list (``sweflow.stages.validate`` writes it next to the verdict).
 VERDICTS = ("valid", "gold_fails", "empty_passes", "flaky", "error")
-ERROR_ATTEMPTS = 3
-ERROR_BACKOFF_S = 5.0
+ERROR_ATTEMPTS = default("validation.error_attempts")
+ERROR_BACKOFF_S = float(default("validation.error_backoff_sec"))
 _MARKER_KEYS = (
     "fail_to_pass_success",
     "fail_to_pass_total",
@@ -117,7 +118,7 @@ def validate_task(
     gold_patch: str,
     *,
     template: str | None = None,
-    repeats: int = 2,
+    repeats: int = default("validation.repeats"),
     parallel: int = 1,
     sandbox_timeout: float = 3600,
     error_attempts: int = ERROR_ATTEMPTS,

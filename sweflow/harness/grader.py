@@ -16,6 +16,7 @@ from sweflow.errors import EvalError, HarnessError
 from sweflow.harness import driver, standalone
 from sweflow.harness.loader import TEST_EXIT_ECHO, Harness, load_harness
 from sweflow.harness.standalone import WORKDIR, unpack_command
+from sweflow.schema import default
 
 EVAL_SCRIPT = f"{WORKDIR}/eval.sh"
 # Where the host copy of the eval script is written in the fresh sandbox (read into memory, then deleted).
@@ -105,7 +106,7 @@ class HostGrader:
     @classmethod
     def for_metadata(cls, metadata: Mapping[str, Any]) -> HostGrader:
         info = metadata.get("harness") or {}
-        return cls.for_package(str(info.get("package") or "swebench"))
+        return cls.for_package(str(info.get("package") or default("harness.package")))
 
     def parser_for(self, metadata: Mapping[str, Any]):
         """The row's parser: by the function name the row records, else the package's repo table."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from sweflow.errors import HarnessError
 from sweflow.harness import standalone
+from sweflow.schema import default
 
 SUPPORTED_PACKAGES_HINT = "install swebench 4.x or 5.x, or the pinned swegym fork"
 ROW_SCRIPT_FIELDS = ("eval_script", "log_parser")  # what a row needs under swebench 5.x
@@ -331,7 +332,7 @@ def instrument_exit_code(commands: list[str], start: str | None, end: str | None
 # (``harness/test_spec.py`` is a module) and ``swebench`` 5.x (``make_test_spec`` in ``harness/utils.py``
 # builds the script from a row's own ``eval_script``; parsers by name in ``PARSER_REGISTRY`` or by repo in the
 # per-language ``MAP_REPO_TO_PARSER_*`` tables).
-def load_harness(package: str = "swebench") -> Harness:
+def load_harness(package: str = default("harness.package")) -> Harness:
     """Import ``<package>.harness`` (swebench 4.x or the swegym fork) and return its handles.
 
     Raises HarnessError when the package is not installed or its layout is unsupported.

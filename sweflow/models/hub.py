@@ -17,6 +17,7 @@ from typing import Any
 
 from ..dataset.hub_client import is_sha, resolve_revision
 from ..errors import DatasetError, SweflowError
+from ..schema import default
 from ..util import redact, replace_folder, retry, sha256_file
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def download_model(
     *,
     endpoint: str | None = None,
     allow_patterns: list[str] | tuple[str, ...] | None = None,
-    attempts: int = 4,
+    attempts: int = default("train.model.download_attempts"),
     timeout: float = 120,
     token: str | bool | None = None,
 ) -> dict[str, Any]:

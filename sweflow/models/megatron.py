@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..schema import default
 from ..util import replace_folder, run_cmd
 from .hub import ModelError
 
@@ -77,7 +78,7 @@ def megatron_convert_command(
     pp: int = 1,
     gpus: int,
     python: str = "python",
-    converter: str = "mbridge",
+    converter: str = default("train.model.megatron.converter"),
 ) -> list[str]:
     """The argv that converts `hf_dir` into `out_dir`: torchrun (as `python -m torch.distributed.run`, so the
     GPU environment's own interpreter and torch run it) with `gpus` processes on this node, each running this
@@ -174,9 +175,9 @@ def run_megatron_convert(
     *,
     tp: int = 1,
     pp: int = 1,
-    gpus: int = 1,
+    gpus: int = default("train.model.megatron.gpus"),
     python: str = "python",
-    converter: str = "mbridge",
+    converter: str = default("train.model.megatron.converter"),
     timeout: float = 3 * 3600,
     runner: Callable[[list[str]], Any] | None = None,
 ) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sweflow.errors import ProxyError
+from sweflow.schema import default
 
 
 class EngineError(ProxyError):
@@ -31,9 +32,9 @@ class SamplingParams:
     """Per-call sampling settings; temperature 0 means greedy."""
 
     max_tokens: int = 1024
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = default("train.sampling.temperature")
+    top_p: float = default("train.sampling.top_p")
+    top_k: int = default("train.sampling.top_k")
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     # The proxy session the call belongs to: engines that route per session (verl's sticky server

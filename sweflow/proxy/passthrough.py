@@ -19,7 +19,7 @@ from typing import Any
 
 from sweflow.errors import ConfigError
 from sweflow.proxy.handler import HttpError
-from sweflow.schema import default
+from sweflow.schema import default, defaults
 
 log = logging.getLogger("sweflow.proxy")
 
@@ -44,10 +44,10 @@ class Upstream:
         self,
         base_url: str,
         *,
-        api_key_env: str | None = "ANTHROPIC_API_KEY",
+        api_key_env: str | None = default("sft.collect.expert.api_key_env"),
         model: str | None = None,
-        timeout_s: float = 600.0,
-        attempts: int = 4,
+        timeout_s: float = default("sft.collect.expert.timeout_s"),
+        attempts: int = default("sft.collect.expert.attempts"),
         backoff_s: float = 2.0,
         environ: Mapping[str, str] | None = None,
     ) -> None:
@@ -295,11 +295,12 @@ def _error_message(exc: urllib.error.HTTPError, scrub: Any) -> str:
 
 def upstream_from_settings(settings: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Upstream:
     """An Upstream from a config mapping: endpoint, model, api_key_env, timeout_s, attempts."""
+    s = defaults("sft.collect.expert", settings)
     return Upstream(
-        str(settings["endpoint"]),
-        api_key_env=settings.get("api_key_env", default("sft.collect.expert.api_key_env")),
-        model=settings.get("model"),
-        timeout_s=float(settings.get("timeout_s") or 600),
-        attempts=int(settings.get("attempts") or 4),
+        str(s["endpoint"]),
+        api_key_env=s["api_key_env"],
+        model=s["model"],
+        timeout_s=float(s["timeout_s"]),
+        attempts=int(s["attempts"]),
         environ=environ,
     )

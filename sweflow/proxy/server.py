@@ -25,6 +25,7 @@ from sweflow.proxy.recorder import LinearizeConfig, SessionRecord, Turn
 from sweflow.proxy.tito import MODES, SuffixRenderer, suffix_template
 from sweflow.proxy.tokenize import TokenizerPool
 from sweflow.proxy.toolcalls import parse_tool_calls, split_reasoning
+from sweflow.schema import default
 
 log = logging.getLogger("sweflow.proxy")
 
@@ -35,11 +36,11 @@ log = logging.getLogger("sweflow.proxy")
 class ProxyConfig:
     """Server behaviour. Sampling comes from here unless `honor_request_sampling` (RL needs the trainer's)."""
 
-    max_new_tokens: int = 16000
+    max_new_tokens: int = default("train.max_response_tokens")
     max_context_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = default("train.sampling.temperature")
+    top_p: float = default("train.sampling.top_p")
+    top_k: int = default("train.sampling.top_k")
     honor_request_sampling: bool = False
     engine_timeout_s: float = 600.0
     pause_timeout_s: float | None = None

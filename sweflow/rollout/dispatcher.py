@@ -34,6 +34,7 @@ from sweflow.rollout.types import (
     patch_stats,
 )
 from sweflow.sandbox.base import BLACKBOX_PORT, Provider, Sandbox
+from sweflow.schema import default
 
 log = logging.getLogger("sweflow.rollout")
 # Steps that use the agent's sandbox: a failure there while the sandbox is gone is "sandbox_died".
@@ -311,7 +312,7 @@ class _Rollout:
         with self._timed("register"):
             self.bb.register(
                 {
-                    "agent_type": meta.get("blackbox_type") or "claude_code",
+                    "agent_type": meta.get("blackbox_type") or default("agent.blackbox_type"),
                     "session_id": self.session_id,
                     "instance_id": self.instance_id,
                     "router_url": router_url,

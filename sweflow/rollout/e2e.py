@@ -20,6 +20,7 @@ from sweflow.rollout.evaluator import Evaluator
 from sweflow.rollout.types import RolloutConfig, RolloutResult
 from sweflow.sandbox.base import Provider
 from sweflow.sandbox.settings import NetworkSettings
+from sweflow.schema import default
 
 if TYPE_CHECKING:
     from sweflow.offline.policies import ScriptedPolicy
@@ -180,7 +181,9 @@ def e2e_check(
     meta = row.get("metadata") or {}
     instance_id = str(meta.get("instance_id"))
     workdir = str(
-        (meta.get("backend_options") or {}).get("working_directory") or meta.get("workdir") or "/testbed"
+        (meta.get("backend_options") or {}).get("working_directory")
+        or meta.get("workdir")
+        or default("agent.backend_options.working_directory")
     )
     makers = {"gold": gold_policy, "test_edit": tamper_policy}
     report: dict[str, Any] = {}

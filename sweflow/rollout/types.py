@@ -9,6 +9,7 @@ from typing import Any
 
 from sweflow.grading.integrity import DEFAULT_RULES, IntegrityRules
 from sweflow.sandbox.settings import NetworkSettings
+from sweflow.schema import default
 
 COMPLETED = "completed"
 ABORTED = "aborted"
@@ -41,7 +42,7 @@ class RolloutConfig:
     """
 
     router_url: str | None = None
-    max_concurrency: int = 8
+    max_concurrency: int = default("train.rollout.max_concurrency")
     health_timeout: float = 120.0
     turn_timeout: float | None = None
     sandbox_timeout: float | None = None

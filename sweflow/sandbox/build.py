@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SandboxError
+from ..schema import default
 from ..util import atomic_write_json, log, read_json, redact, retry
 from .base import Provider, TemplateRecord
 from .spec import TemplateSpec, template_name
@@ -42,7 +43,7 @@ def build_template(
     *,
     spec: TemplateSpec,
     name: str | None = None,
-    attempts: int = 3,
+    attempts: int = default("sandbox.build_attempts"),
     backoff: float = 2.0,
     **source: Any,
 ) -> TemplateRecord:
@@ -106,7 +107,7 @@ def build_and_record(
     *,
     spec: TemplateSpec,
     name: str | None = None,
-    attempts: int = 3,
+    attempts: int = default("sandbox.build_attempts"),
     backoff: float = 2.0,
     **source: Any,
 ) -> dict[str, Any]:

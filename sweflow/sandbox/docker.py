@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SandboxError
+from ..schema import default
 from .base import BLACKBOX_PORT
 from .docker_api import _call
 from .docker_sandbox import DISK_POLL_S, DockerSandbox
@@ -57,11 +58,10 @@ def docker_network_mode(network: str | None, internet: str, *, server: bool, egr
 # Templates are built by `sweflow.sandbox.docker_template`; the running sandbox (commands, files, the disk
 # watchdog) is `sweflow.sandbox.docker_sandbox`.
 class DockerProvider(DockerTemplates):
-    """Options: cpu (cores, default 2), memory_mb (4096), pids_limit (1024), file_size_mb (the largest
-    file, RLIMIT_FSIZE: 2048), disk_mb (the writable layer's size where the storage driver can cap it:
-    8192), cap_add (capabilities given back after dropping all;
-    default none), start_server, build_cache, client, internet_network (the Docker network of a
-    create(network="internet"), default "bridge"). Containers get network "none" unless a
+    """Options (defaults: the schema's sandbox.docker): cpu (cores), memory_mb, pids_limit, file_size_mb
+    (the largest file, RLIMIT_FSIZE), disk_mb (the writable layer's size where the storage driver can cap
+    it), cap_add (capabilities given back after dropping all; default none), start_server, build_cache,
+    client, internet_network (the Docker network of a create(network="internet")). Containers get network "none" unless a
     fresh evaluation asks for internet; the host reaches the server through port_url, the sandbox the
     proxy through egress."""
 
@@ -70,16 +70,16 @@ class DockerProvider(DockerTemplates):
     def __init__(
         self,
         *,
-        cpu: float | None = 2,
-        memory_mb: int | None = 4096,
-        pids_limit: int | None = 1024,
+        cpu: float | None = default("sandbox.docker.cpus"),
+        memory_mb: int | None = default("sandbox.docker.mem_mb"),
+        pids_limit: int | None = default("sandbox.docker.pids_limit"),
         cap_add: tuple[str, ...] | list[str] = (),
         start_server: bool = True,
         build_cache: bool = True,
         client: Any = None,
-        internet_network: str = "bridge",
-        file_size_mb: int | None = 2048,
-        disk_mb: int | None = 8192,
+        internet_network: str = default("sandbox.network.docker_network"),
+        file_size_mb: int | None = default("sandbox.docker.file_size_mb"),
+        disk_mb: int | None = default("sandbox.docker.disk_mb"),
     ) -> None:
         import docker
 

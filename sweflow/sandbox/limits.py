@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..schema import default
 from ..util import log
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -24,12 +25,12 @@ _warned: set[str] = set()
 
 @dataclass(frozen=True)
 class LimitSpec:
-    """The caps of one local sandbox (0 turns one off). Defaults match the Docker provider's."""
+    """The caps of one local sandbox (0 turns one off); defaults: the schema's sandbox.local."""
 
-    pids: int = 1024
-    memory_mb: int = 4096
-    file_size_mb: int = 2048
-    scratch_mb: int = 2048
+    pids: int = default("sandbox.local.pids_limit")
+    memory_mb: int = default("sandbox.local.mem_mb")
+    file_size_mb: int = default("sandbox.local.file_size_mb")
+    scratch_mb: int = default("sandbox.local.scratch_mb")
 
 
 def _warn_once(key: str, msg: str) -> None:

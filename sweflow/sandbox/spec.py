@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..schema import default
 from ..util import sha256_bytes, sha256_file, stable_json
 from .base import BLACKBOX_PORT
 
@@ -64,8 +65,8 @@ class TemplateSpec:
     runtime_wheel: Path | None = None
     start_cmd: str = DEFAULT_START_CMD
     health_url: str = DEFAULT_HEALTH_URL
-    cpu: int = 2
-    memory_mb: int = 4096
+    cpu: int = default("sandbox.e2b.cpu_count")
+    memory_mb: int = default("sandbox.e2b.memory_mb")
     env: tuple[tuple[str, str], ...] = field(default=())
 
     def artifact_checksums(self) -> dict[str, str]:

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import SmithError
+from ..schema import default
 from .candidates import Candidate, make_candidate
 from .gitrepo import apply_diff, checkout, git_out, patch_files, run_git, worktree_diff
 
@@ -82,9 +83,9 @@ def combine_candidates(
     tree: str | os.PathLike,
     seed: int,
     max_combos: int,
-    min_bugs: int = 2,
-    max_bugs: int = 3,
-    by: str = "file",
+    min_bugs: int = default("smith.strategies.combine.min_bugs"),
+    max_bugs: int = default("smith.strategies.combine.max_bugs"),
+    by: str = default("smith.strategies.combine.by"),
 ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Combine candidates (at most `max_combos` drawn per group) and `{"members", "reason"}` records of the
     combinations that were drawn but could not be made (reason "conflict", or "no_change")."""

@@ -36,12 +36,12 @@ class LMSettings:
     """Where and how to ask the LM; `api_key_env` is the NAME of the variable holding the key."""
 
     endpoint: str
-    api: str = "openai"
-    model: str = "scripted"
-    temperature: float = 0.0
-    max_tokens: int = 4096
-    api_key_env: str | None = None
-    timeout_sec: float = 120
+    api: str = default("smith.lm.api")
+    model: str = default("smith.lm.model")
+    temperature: float = default("smith.lm.temperature")
+    max_tokens: int = default("smith.lm.max_tokens")
+    api_key_env: str | None = default("smith.lm.api_key_env")
+    timeout_sec: float = default("smith.lm.timeout_sec")
     attempts: int = 3
 
     def record(self) -> dict[str, Any]:

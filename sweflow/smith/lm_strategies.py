@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmithError
+from ..schema import default
 from .candidates import Candidate, dedupe, make_candidate, shard_of
 from .gitrepo import file_patch, is_test_path
 from .lm import LMSettings, code_block, complete
@@ -182,9 +183,9 @@ def lm_candidates(
     settings: LMSettings,
     seed: int,
     shard: int = 0,
-    shards: int = 1,
+    shards: int = default("smith.strategies.lm_modify.shards"),
     max_candidates: int | None = None,
-    min_complexity: int = 3,
+    min_complexity: int = default("smith.strategies.procedural.min_complexity"),
 ) -> tuple[list[Candidate], list[dict[str, Any]]]:
     """Candidates of one LM strategy for this shard's function entities in the non-test `files` of
     `tree`, and a `{"entity", "reason"}` record for every entity (or file) that gave none."""

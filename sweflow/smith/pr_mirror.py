@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SmithError
+from ..schema import default
 from .candidates import Candidate, make_candidate, shard_of
 from .gitrepo import apply_diff, checkout, git_out, is_test_path, patch_files, run_git, worktree_diff
 
@@ -138,7 +139,7 @@ def pr_candidates(
     *,
     repo: str,
     shard: int = 0,
-    shards: int = 1,
+    shards: int = default("smith.strategies.pr_mirror.shards"),
     limit: int | None = None,
     rewrite: Rewrite | None = None,
     limits: Mapping[str, int] = SKIP_LIMITS,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SmithError
+from ..schema import default
 from .candidates import Candidate, make_candidate, shard_of
 from .gitrepo import file_patch, is_test_path
 from .procedural_modifiers import _DEFS, _MODIFIER_FUNCS
@@ -79,7 +80,10 @@ def _keep(node: ast.AST, min_complexity: int, min_class_complexity: int) -> bool
 
 
 def entities(
-    source: str, *, min_complexity: int = 3, min_class_complexity: int = 10
+    source: str,
+    *,
+    min_complexity: int = default("smith.strategies.procedural.min_complexity"),
+    min_class_complexity: int = 10,
 ) -> list[tuple[str, ast.AST]]:
     """(qualified name, node) of the functions, methods and classes complex enough to mutate, in source order."""
     found = _all_entities(ast.parse(source))
@@ -213,8 +217,8 @@ def mutate_source(
     *,
     seed: int,
     modifiers: Iterable[str] | None = None,
-    per_entity: int = 1,
-    min_complexity: int = 3,
+    per_entity: int = default("smith.strategies.procedural.per_entity"),
+    min_complexity: int = default("smith.strategies.procedural.min_complexity"),
     min_class_complexity: int = 10,
 ) -> list[Mutation]:
     """Up to `per_entity` distinct seeded mutations per entity and applicable modifier, in source order."""
@@ -231,10 +235,10 @@ def procedural_candidates(
     commit: str,
     seed: int,
     shard: int = 0,
-    shards: int = 1,
+    shards: int = default("smith.strategies.procedural.shards"),
     modifiers: Iterable[str] | None = None,
-    per_entity: int = 1,
-    min_complexity: int = 3,
+    per_entity: int = default("smith.strategies.procedural.per_entity"),
+    min_complexity: int = default("smith.strategies.procedural.min_complexity"),
     min_class_complexity: int = 10,
     max_candidates: int | None = None,
 ) -> list[Candidate]:

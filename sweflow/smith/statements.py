@@ -16,6 +16,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ..errors import SmithError
+from ..schema import default
 from ..util import sha256_bytes
 from .lm import LMSettings, complete
 
@@ -149,7 +150,11 @@ def _bounded(output: str, limit: int = MAX_OUTPUT_CHARS) -> str:
 # A statement is rejected when it gives the fix away (see `leaks`) or is too short; the LM is asked again with
 # the reasons, up to `attempts` times.
 def write_statement(
-    task: Mapping[str, Any], *, settings: LMSettings, failing_output: str, attempts: int = 3
+    task: Mapping[str, Any],
+    *,
+    settings: LMSettings,
+    failing_output: str,
+    attempts: int = default("smith.statements.attempts"),
 ) -> dict[str, Any]:
     """Ask the LM for an issue-style problem statement for `task` (instance_id, patch = the fix,
     FAIL_TO_PASS, bug_patch) until one is clean; `problem_statement` is None after `attempts` rejections.

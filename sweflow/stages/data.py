@@ -17,7 +17,7 @@ from ..dataset.image_names import ImageNaming, group_by_image
 from ..dataset.splits import apply_limit, load_split
 from ..errors import ConfigError, DatasetError
 from ..rulekit import from_snakemake
-from ..schema import defaults
+from ..schema import default, defaults
 from ..util import (
     atomic_write,
     atomic_write_json,
@@ -84,7 +84,7 @@ def resolve_dataset(
     revision: str,
     endpoint: str | None,
     offline_dir: str | None = None,
-    repo_type: str = "dataset",
+    repo_type: str = default("dataset.repo_type"),
     timeout: float = 60,
 ) -> dict[str, Any]:
     """Write {repo_id, repo_type, requested revision, commit sha, source} as byte-stable JSON."""
@@ -110,7 +110,7 @@ def download_split(
     filename: str,
     endpoint: str | None,
     offline_dir: str | None = None,
-    attempts: int = 4,
+    attempts: int = default("dataset.hub.download_attempts"),
     timeout: float = 60,
     cache_dir: str | os.PathLike | None = None,
 ) -> Path:
@@ -230,7 +230,11 @@ def list_images(
 
 
 def template_map(
-    records: list[str], map_out: str | os.PathLike, failures_out: str | os.PathLike, *, prebuilt: bool = False
+    records: list[str],
+    map_out: str | os.PathLike,
+    failures_out: str | os.PathLike,
+    *,
+    prebuilt: bool = default("sandbox.prebuilt"),
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Aggregate per-image build records into {image: template} and {image: failure reason}. `prebuilt`:
     `records` is list_images' listing and every image is its own template (no build record per image)."""

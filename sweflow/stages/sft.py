@@ -22,7 +22,7 @@ from ..grading.evidence import read_evidence, write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
 from ..sandbox.settings import SandboxSettings
-from ..schema import default
+from ..schema import default, defaults
 from ..util import atomic_write, atomic_write_json, replace_folder, sha256_bytes
 
 __all__ = [
@@ -118,7 +118,7 @@ def collect_trajectories_step(
     from ..trajectories.collect import collect_trajectories
 
     settings = SandboxSettings.from_config(cfg)
-    proxy = dict(collect.get("proxy") or {})
+    proxy = defaults("sft.collect.proxy", collect.get("proxy"))
     if provider == "e2b" and not proxy.get("public_url"):
         raise TrainError(
             "E2B sandboxes reach the proxy over the internet: set sft.collect.proxy.public_url",
@@ -135,15 +135,13 @@ def collect_trajectories_step(
                 upstream=upstream,
                 attempts=int(collect["attempts"]),
                 max_concurrency=int(collect["max_concurrency"]),
-                host=str(proxy.get("host") or "127.0.0.1"),
-                port=int(proxy.get("port") or 0),
-                public_url=proxy.get("public_url"),
+                host=str(proxy["host"]),
+                port=int(proxy["port"]),
+                public_url=proxy["public_url"],
                 proxy_config=ProxyConfig(
-                    max_new_tokens=int(proxy.get("max_tokens") or 32000),
-                    max_session_requests=proxy.get("max_requests", default("sft.collect.proxy.max_requests")),
-                    max_session_in_flight=proxy.get(
-                        "max_in_flight", default("sft.collect.proxy.max_in_flight")
-                    ),
+                    max_new_tokens=int(proxy["max_tokens"]),
+                    max_session_requests=proxy["max_requests"],
+                    max_session_in_flight=proxy["max_in_flight"],
                 ),
             )
             text = json.dumps(preds, ensure_ascii=False)
@@ -163,7 +161,7 @@ def evaluate_predictions_step(
     *,
     provider: str,
     cfg: Mapping[str, Any],
-    parallel: int = 2,
+    parallel: int = default("sft.evaluate.parallel"),
 ) -> dict[str, Any]:
     """Every prediction of one shard graded in a fresh sandbox: evaluation records (JSONL) + evidence."""
     from ..rollout.evaluator import FreshEvaluator
@@ -319,13 +317,11 @@ def train_sft_step(
     ]
     if not rows:
         raise TrainError("no trajectory to fine-tune on (every attempt was dropped)", file=str(messages))
-    par = dict(train.get("parallel") or {})
-    nodes, gpus = int(par.get("nodes") or 1), int(par.get("gpus_per_node") or 0)
+    par = defaults("sft.train.parallel", train.get("parallel"))
+    nodes, gpus = int(par["nodes"]), int(par["gpus_per_node"])
     fields = set(SFTSettings.__dataclass_fields__)
     known = {k: v for k, v in dict(train).items() if k in fields}
-    known["fsdp"] = (
-        "fsdp2" if par.get("fsdp", default("sft.train.parallel.fsdp")) and gpus and nodes * gpus > 1 else None
-    )
+    known["fsdp"] = "fsdp2" if par["fsdp"] and gpus and nodes * gpus > 1 else None
     settings = SFTSettings.from_mapping(known)
     work = Path(out_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import TrainError
 from ..rulekit import from_snakemake
 from ..sandbox.settings import SandboxSettings
+from ..schema import default
 from ..train.engines import ENGINES, EngineRun
 from ..train.proxy_settings import ProxySettings
 from ..util import (
@@ -87,7 +88,7 @@ def download_model_step(
     *,
     endpoint: str | None,
     allow_patterns: Sequence[str],
-    attempts: int = 4,
+    attempts: int = default("train.model.download_attempts"),
     timeout: float = 120,
 ) -> dict[str, Any]:
     """Snapshot the model at the resolved sha into `out_dir`; its manifest (sizes, sha256) to `manifest_out`."""
@@ -149,7 +150,7 @@ def warm_start_step(
     *,
     steps: int,
     lr: float,
-    seed: int = 1,
+    seed: int = default("train.seed"),
 ) -> dict[str, Any]:
     """Fine-tune the model on the e2e check's recorded sessions (`sweflow.train.warm_start`)."""
     from ..train.warm_start import warm_start

@@ -22,6 +22,7 @@ from ..rulekit import from_snakemake
 from ..sandbox.base import Provider
 from ..sandbox.registry import provider_from_config
 from ..sandbox.settings import NetworkSettings, SandboxSettings
+from ..schema import default
 from ..util import atomic_write, atomic_write_json, read_json, stable_json, write_if_changed
 
 __all__ = [
@@ -107,7 +108,7 @@ def validate_task_file(
     out: str | os.PathLike,
     *,
     provider: Provider,
-    repeats: int = 2,
+    repeats: int = default("validation.repeats"),
     parallel: int = 1,
     evidence_out: str | os.PathLike | None = None,
     network: NetworkSettings | None = None,

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..schema import default
+
 # Tests check both (the TRL engine's loss and verl's whitened advantages) against numbers computed from the
 # formulas.
 
@@ -24,8 +26,8 @@ def group_advantages(
     groups: Sequence[Any],
     valid: Sequence[bool],
     *,
-    norm_by_std: bool = True,
-    eps: float = 1e-6,
+    norm_by_std: bool = default("train.advantage.norm_by_std"),
+    eps: float = default("train.advantage.eps"),
 ) -> list[float]:
     """One advantage per sample; `groups[i]` names sample i's group (the prompt it was sampled for)."""
     members: dict[Any, list[int]] = {}
@@ -111,12 +113,12 @@ def masked_mean(values: Any, mask: Any) -> float:
 
 @dataclass(frozen=True)
 class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.001
-    tis: bool = True
-    tis_cap: float = 2.0
-    entropy_coef: float = 0.0
+    clip_low: float = default("train.clip.low")
+    clip_high: float = default("train.clip.high")
+    kl_coef: float = default("train.kl.coef")
+    tis: bool = default("train.tis.level") == "token"
+    tis_cap: float = default("train.tis.cap")
+    entropy_coef: float = default("train.entropy_coef")
 
     @classmethod
     def from_recipe(cls, r: Any) -> LossConfig:

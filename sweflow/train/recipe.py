@@ -19,19 +19,19 @@ ENGINES = ("trl", "verl")
 
 @dataclass(frozen=True)
 class Optim:
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
+    lr: float = default("train.optim.lr")
+    betas: tuple[float, float] = tuple(default("train.optim.betas"))
+    weight_decay: float = default("train.optim.weight_decay")
+    grad_clip: float = default("train.optim.grad_clip")
+    warmup_steps: int = default("train.optim.warmup_steps")
 
 
 @dataclass(frozen=True)
 class Parallel:
-    nodes: int = 1
-    gpus_per_node: int = 0
-    tensor: int = 1
-    context: int = 1
+    nodes: int = default("train.parallel.nodes")
+    gpus_per_node: int = default("train.parallel.gpus_per_node")
+    tensor: int = default("train.parallel.tensor")
+    context: int = default("train.parallel.context")
 
     @property
     def world_size(self) -> int:
@@ -45,38 +45,38 @@ class Parallel:
 class Recipe:
     """Every knob of a synchronous GRPO run, engine-neutral. Sizes are in samples unless named prompts."""
 
-    engine: str = "trl"
-    run: str = "default"
-    split: str = "train"
-    seed: int = 1
-    shuffle: bool = True
-    prompts_per_step: int = 8
-    samples_per_prompt: int = 16
-    global_batch: int = 128
-    micro_batch: int = 1
-    total_steps: int = 500
-    save_every: int = 10
+    engine: str = default("train.engine")
+    run: str = default("train.run")
+    split: str = default("train.split")
+    seed: int = default("train.seed")
+    shuffle: bool = default("train.shuffle")
+    prompts_per_step: int = default("train.prompts_per_step")
+    samples_per_prompt: int = default("train.samples_per_prompt")
+    global_batch: int = default("train.global_batch")
+    micro_batch: int = default("train.micro_batch")
+    total_steps: int = default("train.total_steps")
+    save_every: int = default("train.save_every")
     optim: Optim = field(default_factory=Optim)
-    norm_adv_by_std: bool = True
-    adv_eps: float = 1e-6
-    batch_whiten: bool = True
-    tis_level: str = "token"  # "token" or "off"
-    tis_cap: float = 2.0
-    kl_type: str = "low_var_kl"
-    kl_coef: float = 0.001
-    kl_in_reward: bool = False
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    entropy_coef: float = 0.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_context_tokens: int = 65536  # a call's prompt + max_tokens; a trained sample (one lineage)
-    max_prompt_tokens: int = 32768  # a sample's first prompt
-    max_response_tokens: int = 16000  # one model call's output
+    norm_adv_by_std: bool = default("train.advantage.norm_by_std")
+    adv_eps: float = default("train.advantage.eps")
+    batch_whiten: bool = default("train.advantage.batch_whiten")
+    tis_level: str = default("train.tis.level")  # "token" or "off"
+    tis_cap: float = default("train.tis.cap")
+    kl_type: str = default("train.kl.type")
+    kl_coef: float = default("train.kl.coef")
+    kl_in_reward: bool = default("train.kl.in_reward")
+    clip_low: float = default("train.clip.low")
+    clip_high: float = default("train.clip.high")
+    entropy_coef: float = default("train.entropy_coef")
+    temperature: float = default("train.sampling.temperature")
+    top_p: float = default("train.sampling.top_p")
+    top_k: int = default("train.sampling.top_k")
+    max_context_tokens: int = default("train.max_context_tokens")  # a call's prompt + max_tokens; one lineage
+    max_prompt_tokens: int = default("train.max_prompt_tokens")  # a sample's first prompt
+    max_response_tokens: int = default("train.max_response_tokens")  # one model call's output
     parallel: Parallel = field(default_factory=Parallel)
-    max_concurrency: int = 8
-    turn_timeout: float | None = None
+    max_concurrency: int = default("train.rollout.max_concurrency")
+    turn_timeout: float | None = default("train.rollout.turn_timeout_sec")
     verl: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -98,7 +98,7 @@ class Recipe:
             run=t["run"],
             split=t["split"],
             seed=int(t["seed"]),
-            shuffle=bool(t.get("shuffle", default("train.shuffle"))),
+            shuffle=bool(t["shuffle"]),
             prompts_per_step=int(t["prompts_per_step"]),
             samples_per_prompt=int(t["samples_per_prompt"]),
             global_batch=int(t["global_batch"]),

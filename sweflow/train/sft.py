@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TrainError
+from ..schema import default
 from ..util import atomic_write, jsonl_line, replace_folder
 
 log = logging.getLogger("sweflow.train")
@@ -29,20 +30,24 @@ _PLANS: dict[str, tuple[str | None, bool]] = {}  # chat template -> (template to
 
 @dataclass
 class SFTSettings:
-    epochs: float = 3
-    lr: float = 5e-5
-    lr_scheduler: str = "cosine"
-    warmup_steps: int = 5
-    weight_decay: float = 0.01
-    max_length: int = 32768
-    overlong: str = "truncate"  # a row over max_length: "truncate" (its first max_length tokens) or "drop"
-    per_device_batch: int = 1
-    grad_accum: int = 1
-    seed: int = 0
-    save_every: int | None = None  # checkpoint every N optimizer steps (None: no checkpoints)
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    max_steps: int | None = None  # None: `epochs` decide
+    epochs: float = default("sft.train.epochs")
+    lr: float = default("sft.train.lr")
+    lr_scheduler: str = default("sft.train.lr_scheduler")
+    warmup_steps: int = default("sft.train.warmup_steps")
+    weight_decay: float = default("sft.train.weight_decay")
+    max_length: int = default("sft.train.max_length")
+    overlong: str = default(
+        "sft.train.overlong"
+    )  # over max_length: "truncate" (first max_length tokens) or "drop"
+    per_device_batch: int = default("sft.train.per_device_batch")
+    grad_accum: int = default("sft.train.grad_accum")
+    seed: int = default("sft.train.seed")
+    save_every: int | None = default(
+        "sft.train.save_every"
+    )  # checkpoint every N optimizer steps (None: none)
+    bf16: bool = default("sft.train.bf16")
+    gradient_checkpointing: bool = default("sft.train.gradient_checkpointing")
+    max_steps: int | None = default("sft.train.max_steps")  # None: `epochs` decide
     logging_steps: int = 1
     fsdp: str | None = None  # None or "fsdp2": how sweflow.train.sft_worker launches multi-process runs
 
@@ -182,7 +187,12 @@ def _span_mask(offsets: list, spans: list[tuple[int, int]]) -> list[int]:
 # (`overlong: truncate`, as SWE-smith's torchtune recipe does with `max_seq_len`) or dropped (`drop`); either
 # way it is counted, with its length, in the summary.
 def build_example(
-    row: Mapping, tokenizer: Any, max_length: int, *, index: int | None = None, overlong: str = "truncate"
+    row: Mapping,
+    tokenizer: Any,
+    max_length: int,
+    *,
+    index: int | None = None,
+    overlong: str = default("sft.train.overlong"),
 ) -> dict:
     """One tokenized example `{id, input_ids, assistant_masks, tokens}` (cut to `max_length` with
     `overlong="truncate"`, then also `truncated_from`: the whole length), or a dropped record
@@ -220,7 +230,10 @@ def build_example(
 
 
 def prepare_examples(
-    rows: Iterable[Mapping[str, Any]], tokenizer: Any, max_length: int, overlong: str = "truncate"
+    rows: Iterable[Mapping[str, Any]],
+    tokenizer: Any,
+    max_length: int,
+    overlong: str = default("sft.train.overlong"),
 ) -> tuple[list, list]:
     """(kept examples, dropped records) of `rows`, in order."""
     kept, dropped = [], []

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from ..schema import default
 from .algos import group_advantages, whiten
 from .verl_engine import WHITEN_ESTIMATOR as ESTIMATOR
 from .verl_engine import WHITEN_MODULE
@@ -43,8 +44,8 @@ def token_advantages(
     response_mask: Any,
     *,
     final: Sequence[int] | None = None,
-    norm_by_std: bool = True,
-    eps: float = 1e-6,
+    norm_by_std: bool = default("train.advantage.norm_by_std"),
+    eps: float = default("train.advantage.eps"),
 ) -> Any:
     """(B, T) whitened advantages of B outputs with outcome `scores` and GRPO `groups` (the prompt uid).
 

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..schema import default
+
 # A random tiny model never solves a task, so GRPO on it never sees reward variance and its update is a no-op.
 # The embedded default first fine-tunes it on the sessions the e2e check records: the gold policy's (resolved,
 # reward 1) and the test-editing policy's (the same fix plus a test file, reward 0 by the integrity check).
@@ -77,7 +79,7 @@ def warm_start(
     *,
     steps: int,
     lr: float,
-    seed: int = 1,
+    seed: int = default("train.seed"),
 ) -> dict[str, Any]:
     """Fine-tune the model at `model_dir` on every sample of `sessions` (e2e trajectory records) for `steps`
     full-batch AdamW steps; save model + tokenizer to `out_dir` (written beside, then renamed). Summary back."""

@@ -16,6 +16,7 @@ from ..grading.evaluate import INFRA_REASONS, check_patch
 from ..grading.integrity import DEFAULT_RULES, IntegrityRules
 from ..progress import item_log
 from ..rollout.types import RolloutResult, patch_stats
+from ..schema import default
 
 log = logging.getLogger("sweflow.trajectories")
 
@@ -64,8 +65,8 @@ def collect_trajectories(
     session_prefix: str = "expert.",
     integrity_rules: IntegrityRules = DEFAULT_RULES,
     proxy_config: Any = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
+    host: str = default("sft.collect.proxy.host"),
+    port: int = default("sft.collect.proxy.port"),
     public_url: str | None = None,
 ) -> list[dict[str, Any]]:
     """`attempts` collect-only rollouts of every row through a pass-through proxy in front of `upstream`
@@ -181,7 +182,7 @@ def grade_predictions(
     *,
     provider: Any,
     evaluator: Any,
-    parallel: int = 2,
+    parallel: int = default("sft.evaluate.parallel"),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(evaluation records, evidence records) in prediction order; `rows` maps instance id -> training row."""
     progress = item_log(len(predictions), "grade", log)

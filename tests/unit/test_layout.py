@@ -196,9 +196,25 @@ def test_no_grab_bag_module_names():
 # ------------------------------------------------------------------ one source for every default: the schema
 # In-sandbox modules run on the sandbox's interpreter with the standard library only: they cannot read it.
 IN_SANDBOX = ("sweflow/blackbox/", "sweflow/harness/driver.py", "sweflow/sample/repo_files/")
-# `.get(name, value)` calls whose value equals a schema default by coincidence (not a config section).
+# Literals equal to the schema default of a key of the same name that are not copies of it: (module, name).
+_API_REPO_TYPE = "the Hub API's own repo-type argument (datasets and models alike), not dataset.repo_type"
+_OWN_RETRIES = "a client's own retry count; its config section has no such key"
+_LISTEN = "a server's listening-address argument; every caller passes the configured one"
 NOT_A_CONFIG_READ = {
     ("sweflow/grading/task_validation.py", "attempts"): "an evaluation record's own count of tries",
+    ("sweflow/dataset/hub_client.py", "repo_type"): _API_REPO_TYPE,
+    ("sweflow/offline/hub_store.py", "repo_type"): _API_REPO_TYPE,
+    ("sweflow/dataset/hub_client.py", "attempts"): _OWN_RETRIES,
+    ("sweflow/grading/agent_eval.py", "attempts"): "retries of a lost fresh sandbox within one rollout",
+    ("sweflow/grading/patch.py", "attempts"): _OWN_RETRIES,
+    ("sweflow/sandbox/e2b_api.py", "attempts"): _OWN_RETRIES,
+    ("sweflow/smith/lm.py", "attempts"): _OWN_RETRIES,
+    ("sweflow/util.py", "attempts"): "the generic retry helper's",
+    ("sweflow/offline/local_hub.py", "host"): _LISTEN,
+    ("sweflow/offline/local_hub.py", "port"): _LISTEN,
+    ("sweflow/proxy/server.py", "host"): _LISTEN,
+    ("sweflow/proxy/server.py", "port"): _LISTEN,
+    ("sweflow/sample/tasks.py", "split"): "the embedded sample's own split names",
 }
 
 
@@ -222,24 +238,64 @@ def schema_defaults() -> dict[str, set[str]]:
     return out
 
 
-def default_copies(text: str, where: str, known: dict[str, set[str]]) -> list[str]:
-    """`x.get("<key>", <literal>)` where the literal is the schema's default of a key of that name."""
-    found = []
-    for node in ast.walk(ast.parse(text)):
-        if not (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+def _literal(node) -> bool:
+    return isinstance(node, ast.Constant) and node.value is not None
+
+
+def _named_literals(tree: ast.AST):
+    """(line, how, name, literal node) for every place a literal stands in for a named setting: the
+    fallback of `x.get("name", lit)`, `x.get("name") or lit`, `x["name"] or lit`, `x.name or lit`; the
+    default of a parameter `name=lit`; a class field `name: T = lit`; a constant `NAME = lit`."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            if len(node.args) == 2 and isinstance(node.args[0], ast.Constant) and _literal(node.args[1]):
+                yield node.lineno, ".get", node.args[0].value, node.args[1]
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and _literal(node.values[-1]):
+            left = node.values[0]
+            key = None
+            if (
+                isinstance(left, ast.Call)
+                and isinstance(left.func, ast.Attribute)
+                and left.func.attr == "get"
+            ):
+                key = left.args[0].value if left.args and isinstance(left.args[0], ast.Constant) else None
+            elif isinstance(left, ast.Subscript) and isinstance(left.slice, ast.Constant):
+                key = left.slice.value
+            elif isinstance(left, ast.Attribute):
+                key = left.attr
+            if key is not None:
+                yield node.lineno, "or", key, node.values[-1]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            pos = a.posonlyargs + a.args
+            pairs = list(zip(pos[len(pos) - len(a.defaults) :], a.defaults, strict=True))
+            pairs += [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None]
+            for arg, d in pairs:
+                if _literal(d):
+                    yield d.lineno, "parameter", arg.arg, d
+        elif isinstance(node, ast.ClassDef):
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None:
+                    if _literal(st.value):
+                        yield st.lineno, "field", st.target.id, st.value
+        elif (
+            isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
         ):
-            continue
-        if len(node.args) != 2 or not all(isinstance(a, ast.Constant) for a in node.args):
-            continue
-        key, value = node.args[0].value, node.args[1].value
+            if node.targets[0].id.isupper() and _literal(node.value):
+                yield node.lineno, "constant", node.targets[0].id.lower(), node.value
+
+
+def default_copies(text: str, where: str, known: dict[str, set[str]]) -> list[str]:
+    """Every literal of `_named_literals` that equals the schema's default of a key of that name."""
+    found = []
+    for line, how, key, value in _named_literals(ast.parse(text)):
         if (
             isinstance(key, str)
-            and repr(value) in known.get(key, ())
+            and repr(value.value) in known.get(key, ())
             and (where, key) not in NOT_A_CONFIG_READ
         ):
-            found.append(f"{where}:{node.lineno}: .get({key!r}, {value!r})")
-    return found
+            found.append((line, f"{where}:{line}: {how} {key} = {value.value!r}"))
+    return [text for _, text in sorted(found)]
 
 
 def test_no_module_copies_a_schema_default():
@@ -256,9 +312,28 @@ def test_no_module_copies_a_schema_default():
 
 def test_the_copy_finder_finds_a_copy():
     known = schema_defaults()
-    assert default_copies('d.get("cpus", 2)\nd.get("cpus", 3)\nd.get("cpus")', "x.py", known) == [
-        "x.py:1: .get('cpus', 2)"
+    text = """d.get("cpus", 2)
+d.get("cpus", 3)
+d.get("cpus")
+port = d.get("max_tokens") or 32000
+x = d["max_tokens"] or 32000
+y = cfg.seed or 1
+def f(a, attempts=99, *, eps=1e-6, lr=default("train.optim.lr")): pass
+class C:
+    lr: float = 1e-6
+    name: str = "x"
+PIDS_LIMIT = 1024
+"""
+    assert default_copies(text, "x.py", known) == [
+        "x.py:1: .get cpus = 2",
+        "x.py:4: or max_tokens = 32000",
+        "x.py:5: or max_tokens = 32000",
+        "x.py:6: or seed = 1",
+        "x.py:7: parameter eps = 1e-06",
+        "x.py:9: field lr = 1e-06",
+        "x.py:11: constant pids_limit = 1024",
     ]
+    assert default_copies('d.get("attempts", 3)', "sweflow/util.py", known) == []  # listed, with a reason
 
 
 # ------------------------------------------------------------------ modules a newcomer can read in one sitting
