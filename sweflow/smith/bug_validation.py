@@ -23,6 +23,7 @@ from ..grading import canary, fresh
 from ..grading.pass_rules import passes
 from ..harness import driver
 from ..sandbox.base import TIMEOUT_EXITS, Provider
+from ..schema import default
 from ..util import retry
 from .candidates import Candidate
 from .profile import RepoProfile
@@ -67,6 +68,7 @@ class SuiteResult:
 
     runs: list[SuiteRun]
     apply_error: str | None = None
+    statement_tail: str | None = None  # the canary-free run's output tail (``run_suite(statement_run=True)``)
 
     @property
     def timed_out(self) -> bool:
@@ -94,10 +96,11 @@ def run_suite(
     *,
     parser: Callable[..., Any],
     patch: str = "",
-    runs: int = 2,
+    runs: int = default("smith.validation.runs"),
     timeout: int | None = None,
     canary_from: Sequence[str] = (),
     rng: random.Random | None = None,
+    statement_run: bool = False,
 ) -> SuiteResult:
     """Apply `patch` at `commit` in one fresh sandbox and run the suite `runs` times; raises SandboxError
     when the sandbox fails (an infrastructure fault, for the caller to retry).
@@ -105,16 +108,19 @@ def run_suite(
     ``canary_from`` (the reference's stable passing tests; pytest-family parsers only): before each run the
     host plants must-fail canaries cloned from them (``sweflow.grading.fresh``), drawn anew per run; a run
     whose canaries are not all reported failing records why in ``SuiteRun.runner`` and the canaries never
-    enter its statuses."""
+    enter its statuses. ``statement_run``: one more run, without canaries, whose output tail
+    (``SuiteResult.statement_tail``) problem statements are written from; its statuses count for nothing."""
     if runs < 1:
         raise SmithError("runs must be at least 1", field="validation.runs")
     timeout = int(timeout or profile.timeout_sec)
     cmd = suite_command(profile, timeout)
     with_canaries = bool(canary_from) and canary.is_pytest_parser(parser)
     out: list[SuiteRun] = []
+    statement_tail: str | None = None
+    total = runs + (1 if statement_run else 0)
     sb = provider.create(
         template,
-        timeout=SETUP_TIMEOUT + runs * (timeout + 120),
+        timeout=SETUP_TIMEOUT + total * (timeout + 120),
         metadata={"purpose": "smith_validation", "repo": profile.repo},
     )
     try:
@@ -123,12 +129,15 @@ def run_suite(
             if not r.ok:
                 raise SandboxError(f"install commands failed (exit {r.exit_code})", file=template)
         with tempfile.TemporaryDirectory(prefix="sweflow-smith-") as tmp:
-            for i in range(runs):
+            for i in range(total):
+                extra = i == runs  # the canary-free run the problem statement is written from
                 failed = fresh.prepare(sb, WORKDIR, commit, patch)
                 if failed is not None:
+                    if extra:
+                        break
                     return SuiteResult([], failed[-500:])
                 planted = canary.CanarySet()
-                if with_canaries:
+                if with_canaries and not extra:
                     # must-fail only, no `!=`: the bug may break (or change) what a clone tests
                     planted = fresh.draw_canaries(
                         sb, WORKDIR, commit, canary_from, profile.test_cmd, rng=rng, must_pass=0, negate=False
@@ -139,6 +148,9 @@ def run_suite(
                 res = sb.run_logged(cmd, path, timeout=timeout + 60)
                 text = open(path, encoding="utf-8", errors="replace").read() if os.path.exists(path) else ""
                 killed = res.timed_out or res.exit_code in TIMEOUT_EXITS
+                if extra:
+                    statement_tail = None if killed else text[-TAIL_CHARS:]
+                    break
                 statuses = {} if killed else driver.call_parser(parser, text, None)
                 runner = (
                     None
@@ -163,7 +175,7 @@ def run_suite(
             sb.kill()
         except Exception as exc:  # noqa: BLE001 - the result stands; the leak is logged
             log.warning("killing sandbox %s failed: %s", getattr(sb, "id", "?"), exc)
-    return SuiteResult(out)
+    return SuiteResult(out, statement_tail=statement_tail)
 
 
 def reference_run(
@@ -173,8 +185,8 @@ def reference_run(
     commit: str,
     *,
     parser: Callable[..., Any],
-    runs: int = 2,
-    attempts: int = 2,
+    runs: int = default("smith.validation.runs"),
+    attempts: int = default("smith.validation.attempts"),
 ) -> SuiteResult:
     """The reference: the whole suite `runs` times at `commit` (reference timeout), retried on a sandbox
     fault."""
@@ -261,8 +273,8 @@ def validate_candidate(
     reference: Mapping[str, Any],
     *,
     parser: Callable[..., Any],
-    runs: int = 2,
-    attempts: int = 2,
+    runs: int = default("smith.validation.runs"),
+    attempts: int = default("smith.validation.attempts"),
     require_p2p: bool = True,
     canaries: bool = True,
 ) -> dict[str, Any]:
@@ -283,6 +295,7 @@ def validate_candidate(
                 patch=cand.patch,
                 runs=runs,
                 canary_from=reference["passed"] if canaries else (),
+                statement_run=canaries,
             ),
             attempts=attempts,
             backoff=1.0,
@@ -322,7 +335,9 @@ def validate_candidate(
         status = KEPT
     report = {**base, "status": status, **split, "runs": runs_info, "seconds": _since(t0)}
     if status == KEPT:
-        report["failing_output"] = _untimed(res.runs[-1].tail)
+        # from the canary-free run: the canaries, drawn anew every run, change which errors a log shows
+        tail = res.statement_tail if res.statement_tail is not None else res.runs[-1].tail
+        report["failing_output"] = _untimed(tail)
     return report
 
 

@@ -93,6 +93,20 @@ def test_bug_that_breaks_tests_is_kept_with_its_f2p_and_p2p(env):
     assert failed and set(failed) <= set(rep["FAIL_TO_PASS"]), rep["failing_output"][-800:]
 
 
+def test_the_failing_output_comes_from_a_canary_free_run_and_is_the_same_every_time(env):
+    # the canaries are drawn anew per run and change what a log shows (its summary's counts, the first
+    # import a collection error names): the output problem statements are written from is a third run's,
+    # without canaries, so the same bug gives the same text on every validation
+    cand = env.cand(env.stats.replace(MEAN_BODY, "    return sum(values) / (len(values) + 1)\n"), "mean")
+    reps = [env.validate(cand) for _ in range(3)]
+    assert {r["status"] for r in reps} == {"kept"}
+    assert [r["canaries"] for r in reps[0]["runs"]] == [2, 2]
+    outs = {r["failing_output"] for r in reps}
+    assert len(outs) == 1, "the failing output differs between validations of one candidate"
+    summary = [ln for ln in outs.pop().splitlines() if ln.startswith("=") and " in <duration>" in ln]
+    assert summary and " 3 failed, 52 passed in <duration> " in summary[-1], summary
+
+
 # The candidate's code owns the runner too: it no-ops every test but one it makes fail, so the "bug" is the
 # tampering itself. Only the canaries (must fail, now "passing") tell.
 TAMPER = """
