@@ -210,6 +210,12 @@ class Runtime:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
+def rollout_config(rollout: Mapping[str, Any], sandbox: Any, router_url: str | None) -> RolloutConfig:
+    """The Dispatcher's settings from the spec's `rollout` section: fresh evaluations on the configured
+    ``sandbox.network`` (the TRL engine's PolicyRollouts passes the same)."""
+    return RolloutConfig(**{**rollout, "router_url": router_url, "eval_network": sandbox.network})
+
+
 def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     """The real runtime from $SWEFLOW_ROLLOUT_SPEC: a ProxyServer over a ServerManagerEngine, the provider,
     and a Dispatcher per sample (sharing both) whose session ids start with the sample's bound prefix."""
@@ -254,7 +260,7 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     client = HttpProxyClient(local, admin_token=proxy.admin_token)
     sandbox = SandboxSettings.from_spec(spec.get("sandbox") or {}, where=f"{path}: sandbox")
     provider = provider_from_config(spec["provider"], sandbox)
-    base = RolloutConfig(**{**rollout, "router_url": router_url})
+    base = rollout_config(rollout, sandbox, router_url)
 
     def run_sample(row: dict[str, Any], group_index: int, prefix: str) -> RolloutResult:
         cfg = replace(base, session_prefix=prefix + base.session_prefix)

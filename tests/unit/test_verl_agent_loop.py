@@ -340,3 +340,13 @@ def test_a_rollout_spec_with_a_secret_or_an_unknown_key_is_refused(tmp_path):
     path.write_text(json.dumps({**good, "rollout": {"max_concurrency": 4, "typo_timeout": 3}}))
     with pytest.raises(val.ConfigError, match="typo_timeout"):
         val.load_rollout_spec(path)
+
+
+def test_fresh_evaluations_get_the_configured_network_as_on_the_trl_engine():
+    from sweflow.sandbox.settings import SandboxSettings
+
+    sandbox = SandboxSettings.from_config({"network": {"eval": "internet", "eval_repos": {"a/b": "none"}}})
+    cfg = val.rollout_config({"max_concurrency": 3}, sandbox, "http://proxy:1")
+    assert cfg.eval_network == sandbox.network and cfg.eval_network.eval == "internet"
+    assert cfg.max_concurrency == 3 and cfg.router_url == "http://proxy:1"
+    assert val.rollout_config({}, SandboxSettings.from_config({}), None).eval_network.eval == "none"
