@@ -54,6 +54,14 @@ class RolloutConfig:
     # turns are kept in the result, and the patch is graded later in a fresh sandbox by a separate step.
     evaluate: bool = True
 
+    @classmethod
+    def from_spec(
+        cls, rollout: dict[str, Any], *, network: NetworkSettings, router_url: str | None
+    ) -> RolloutConfig:
+        """From a rollout spec's `rollout` section (verl's agent loop): fresh evaluations on the configured
+        ``sandbox.network``, as the TRL engine's PolicyRollouts gives them."""
+        return cls(**{**rollout, "router_url": router_url, "eval_network": network})
+
 
 @dataclass
 class RolloutResult:

@@ -35,8 +35,8 @@ ROLLOUT_LOG_ENV = "SWEFLOW_ROLLOUT_LOG"
 # Aborted samples of this process, by failure_reason.
 ABORTED: Counter[str] = Counter()
 _SPEC_KEYS = {"provider", "sandbox", "proxy", "rollout", "sampling"}
-# The spec may set these RolloutConfig fields (integrity rules are the defaults; the router is the proxy).
-_ROLLOUT_KEYS = {f.name for f in fields(RolloutConfig)} - {"integrity_rules", "router_url"}
+# The spec may set these RolloutConfig fields (integrity rules: the defaults; router: the proxy; network: sandbox).
+_ROLLOUT_KEYS = {f.name for f in fields(RolloutConfig)} - {"integrity_rules", "router_url", "eval_network"}
 _SAMPLING_KEYS = {"max_new_tokens", "max_context_tokens", "temperature", "top_p", "top_k", "engine_timeout_s"}
 _SAMPLING_KEYS |= {"max_prompt_tokens", "max_workers", "tokenizer_copies", "chat_template_kwargs"}
 
@@ -210,12 +210,6 @@ class Runtime:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-def rollout_config(rollout: Mapping[str, Any], sandbox: Any, router_url: str | None) -> RolloutConfig:
-    """The Dispatcher's settings from the spec's `rollout` section: fresh evaluations on the configured
-    ``sandbox.network`` (the TRL engine's PolicyRollouts passes the same)."""
-    return RolloutConfig(**{**rollout, "router_url": router_url, "eval_network": sandbox.network})
-
-
 def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     """The real runtime from $SWEFLOW_ROLLOUT_SPEC: a ProxyServer over a ServerManagerEngine, the provider,
     and a Dispatcher per sample (sharing both) whose session ids start with the sample's bound prefix."""
@@ -260,7 +254,7 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     client = HttpProxyClient(local, admin_token=proxy.admin_token)
     sandbox = SandboxSettings.from_spec(spec.get("sandbox") or {}, where=f"{path}: sandbox")
     provider = provider_from_config(spec["provider"], sandbox)
-    base = rollout_config(rollout, sandbox, router_url)
+    base = RolloutConfig.from_spec(rollout, network=sandbox.network, router_url=router_url)
 
     def run_sample(row: dict[str, Any], group_index: int, prefix: str) -> RolloutResult:
         cfg = replace(base, session_prefix=prefix + base.session_prefix)

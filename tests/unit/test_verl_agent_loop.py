@@ -346,7 +346,10 @@ def test_fresh_evaluations_get_the_configured_network_as_on_the_trl_engine():
     from sweflow.sandbox.settings import SandboxSettings
 
     sandbox = SandboxSettings.from_config({"network": {"eval": "internet", "eval_repos": {"a/b": "none"}}})
-    cfg = val.rollout_config({"max_concurrency": 3}, sandbox, "http://proxy:1")
+    cfg = val.RolloutConfig.from_spec(
+        {"max_concurrency": 3}, network=sandbox.network, router_url="http://proxy:1"
+    )
     assert cfg.eval_network == sandbox.network and cfg.eval_network.eval == "internet"
     assert cfg.max_concurrency == 3 and cfg.router_url == "http://proxy:1"
-    assert val.rollout_config({}, SandboxSettings.from_config({}), None).eval_network.eval == "none"
+    none = SandboxSettings.from_config({}).network
+    assert val.RolloutConfig.from_spec({}, network=none, router_url=None).eval_network.eval == "none"
