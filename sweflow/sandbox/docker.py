@@ -61,9 +61,9 @@ class DockerProvider(DockerTemplates):
     """Options (defaults: the schema's sandbox.docker): cpu (cores), memory_mb, pids_limit, file_size_mb
     (the largest file, RLIMIT_FSIZE), disk_mb (the writable layer's size where the storage driver can cap
     it), cap_add (capabilities given back after dropping all; default none), start_server, build_cache,
-    client, internet_network (the Docker network of a create(network="internet")). Containers get network "none" unless a
-    fresh evaluation asks for internet; the host reaches the server through port_url, the sandbox the
-    proxy through egress."""
+    client, internet_network (the Docker network of a create(network="internet")). Containers get network
+    "none" unless a fresh evaluation asks for internet; the host reaches the server through port_url, the
+    sandbox the proxy through egress."""
 
     name = "docker"
 

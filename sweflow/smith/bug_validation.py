@@ -108,7 +108,7 @@ def run_suite(
     ``canary_from`` (the reference's stable passing tests; pytest-family parsers only): before each run the
     host plants must-fail canaries cloned from them (``sweflow.grading.fresh``), drawn anew per run; a run
     whose canaries are not all reported failing records why in ``SuiteRun.runner`` and the canaries never
-    enter its statuses. ``statement_run``: one more run, without canaries, whose output tail
+    enter its statuses. ``statement_run`` (with canaries): one more run, without them, whose output tail
     (``SuiteResult.statement_tail``) problem statements are written from; its statuses count for nothing."""
     if runs < 1:
         raise SmithError("runs must be at least 1", field="validation.runs")
@@ -117,7 +117,8 @@ def run_suite(
     with_canaries = bool(canary_from) and canary.is_pytest_parser(parser)
     out: list[SuiteRun] = []
     statement_tail: str | None = None
-    total = runs + (1 if statement_run else 0)
+    # without canaries the verdict's last run is canary-free already: no extra run
+    total = runs + (1 if statement_run and with_canaries else 0)
     sb = provider.create(
         template,
         timeout=SETUP_TIMEOUT + total * (timeout + 120),

@@ -36,15 +36,12 @@ class SFTSettings:
     warmup_steps: int = default("sft.train.warmup_steps")
     weight_decay: float = default("sft.train.weight_decay")
     max_length: int = default("sft.train.max_length")
-    overlong: str = default(
-        "sft.train.overlong"
-    )  # over max_length: "truncate" (first max_length tokens) or "drop"
+    # a row over max_length: "truncate" (its first max_length tokens) or "drop"
+    overlong: str = default("sft.train.overlong")
     per_device_batch: int = default("sft.train.per_device_batch")
     grad_accum: int = default("sft.train.grad_accum")
     seed: int = default("sft.train.seed")
-    save_every: int | None = default(
-        "sft.train.save_every"
-    )  # checkpoint every N optimizer steps (None: none)
+    save_every: int | None = default("sft.train.save_every")  # every N optimizer steps; None: never
     bf16: bool = default("sft.train.bf16")
     gradient_checkpointing: bool = default("sft.train.gradient_checkpointing")
     max_steps: int | None = default("sft.train.max_steps")  # None: `epochs` decide
