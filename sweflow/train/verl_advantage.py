@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..schema import default
+from . import verl_one_step
 from .algos import group_advantages, whiten
 from .verl_engine import WHITEN_ESTIMATOR as ESTIMATOR
 from .verl_engine import WHITEN_MODULE
@@ -151,7 +152,8 @@ def register_estimator() -> None:
 
 
 def install() -> bool:
-    """Route `ESTIMATOR` through the per-session rule of verl's v1 trainer; False where it cannot load."""
+    """Route `ESTIMATOR` through the per-session rule of verl's v1 trainer and make each rollout step one
+    optimizer step (`verl_one_step`); False where the trainer cannot load."""
     global _VERL_MULTI
     try:
         from verl.trainer.ppo.v1 import trainer_base
@@ -162,6 +164,7 @@ def install() -> bool:
     if current is not compute_advantage_for_multi_trajectories:
         _VERL_MULTI = current
         trainer_base.compute_advantage_for_multi_trajectories = compute_advantage_for_multi_trajectories
+    verl_one_step.install(trainer_base.PPOTrainer)  # one optimizer step per rollout step
     return True
 
 
