@@ -1,8 +1,9 @@
 """The proxy's prompt side: a Messages request -> prompt token ids, and output ids -> text.
 
-`build_prompt` extends a session's lineage token for token (`sweflow.proxy.tito`) when the request continues
-it, else renders the whole conversation through the tokenizer's chat template (`render_chat`). Mixed into
-`ProxyServer`, whose `__init__` sets what it reads (config, tokenizer pool, suffix renderer, stop ids).
+`build_prompt` extends an answered call of the session token for token (`sweflow.proxy.tito`) when the request
+continues it, else renders the whole conversation (`render_chat`: the tokenizer's chat template, or the
+recipe's Qwen3.5 one). Mixed into `ProxyServer`, whose `__init__` sets what it reads (config, tokenizer pool,
+suffix renderer, stop ids).
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ class PromptBuilding:
         return chat, an.to_chat_tools(req.tools)
 
     def _render_text(self, chat: list[dict], tools: list) -> str:
-        kwargs = self.config.chat_template_kwargs
+        kwargs = dict(self.config.chat_template_kwargs)
+        full = self._suffix.full_template if self._suffix is not None else None
+        if full is not None:  # the recipe's Qwen3.5 template renders the prompts that start a lineage too
+            kwargs["chat_template"] = full
         return self.tokenizer.apply_chat_template(
             chat, tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
         )
@@ -45,8 +49,9 @@ class PromptBuilding:
     def render_chat(
         self, req: an.MessagesRequest, session: SessionRecord | None = None
     ) -> tuple[list[int], list[dict], list]:
-        """Request -> (prompt ids of the whole conversation through the tokenizer's chat template, the chat
-        messages, the chat tools), with the session's own tool calls restored to what the model wrote."""
+        """Request -> (prompt ids of the whole conversation, the chat messages, the chat tools), with the
+        session's own tool calls restored to what the model wrote. Rendered through the tokenizer's chat
+        template, or the recipe's Qwen3.5 one when token building uses it (`SuffixRenderer.full_template`)."""
         chat, tools = self._chat(req, session)
         try:
             text = self._render_text(chat, tools)
@@ -77,23 +82,25 @@ class PromptBuilding:
     def build_prompt(
         self, req: an.MessagesRequest, rec: SessionRecord
     ) -> tuple[list[int], Plan | None, list[dict], list]:
-        """The prompt ids of one call: token-in/token-out (the lineage's exact ids + the appended messages'
-        suffix) when the request extends one of the session's lineages, else the whole rendered
-        conversation (a new lineage, `plan.reason` says why). Plan None: token_build_mode "render"."""
+        """The prompt ids of one call: token-in/token-out (the exact ids of the call it extends + the bridge
+        + the appended messages' suffix) when the request extends an answered call of the session, else the
+        whole rendered conversation (a new lineage, `plan.reason` says why). Plan None: token_build_mode
+        "render"."""
         if self._suffix is None:
             ids, chat, tools = self.render_chat(req, rec)
             return ids, None, chat, tools
         chat, tools = self._chat(req, rec)
         plan = rec.lineages.plan(chat, tools)
-        if plan.lineage is not None:
-            lin = plan.lineage
-            room = self.config.max_prompt_tokens - len(lin)
+        if plan.base is not None:
+            base = plan.base
+            room = self.config.max_prompt_tokens - len(base)
             try:
-                ended = self._stop_texts[self.stop_ids.index(lin.last_id())] if lin.ended_with_stop else None
+                stop = base.last_id() if base.ended_with_stop else None
+                ended = self._stop_texts[self.stop_ids.index(stop)] if stop is not None else None
                 text = self._suffix.bridge(self._stop_texts, ended) + self._suffix.suffix(plan.appended)
                 if room <= 0:
-                    raise PromptTooLong(len(lin), self.config.max_prompt_tokens)
-                return lin.extended(self._tokenizers.encode(text, room)), plan, chat, tools
+                    raise PromptTooLong(len(base), self.config.max_prompt_tokens)
+                return base.extended(self._tokenizers.encode(text, room)), plan, chat, tools
             except PromptTooLong as exc:
                 raise HttpError(413, "request_too_large", str(exc)) from None
             except SuffixError as exc:

@@ -1,16 +1,20 @@
 """Token-in/token-out: each call's prompt is the previous call's exact ids plus the appended messages only.
 
-A session holds *lineages* (`LineageBook`): a request that extends a lineage's last call gets that call's
+A session holds *lineages* (`LineageBook`): a request that extends one of its answered calls gets that call's
 ids plus the tokens of the appended messages alone, tokenised as a rendered-suffix diff (`SuffixRenderer`);
 anything else starts a new lineage. A call's cost does not grow with the prompt's token count.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
+
+from sweflow.proxy import qwen35_template as q35
+
+log = logging.getLogger("sweflow.proxy")
 
 # Re-rendering the whole conversation on every call replaces the model's own output tokens with a
 # re-tokenisation of what the agent sent back, and with some templates (Qwen3.5 drops an earlier turn's
@@ -31,47 +35,48 @@ class SuffixError(Exception):
         self.reason = reason
 
 
-@lru_cache(maxsize=8)
 def trl_template(name: str) -> str:
-    """A chat template TRL ships (`trl/chat_templates/<name>.jinja`), read from the installed package."""
-    from importlib import resources
-
-    try:
-        return (resources.files("trl") / "chat_templates" / f"{name}.jinja").read_text(encoding="utf-8")
-    except (ModuleNotFoundError, FileNotFoundError) as exc:
-        raise RuntimeError(
-            f"token_build_model qwen3_5 needs TRL's chat template {name}.jinja (pip install trl): {exc}"
-        ) from exc
+    """A chat template TRL ships (`trl/chat_templates/<name>.jinja`), read without importing TRL."""
+    text = q35.trl_stock_template(name)
+    if text is None:
+        raise RuntimeError(f"TRL's chat template {name}.jinja is not installed (pip install trl)")
+    return text
 
 
 def detect_family(tokenizer: Any) -> str:
-    """``qwen3_5`` when the tokenizer's template is Qwen3.5's own (as TRL ships it), else ``generic``."""
-    own = (getattr(tokenizer, "chat_template", None) or "").strip()
-    if not own:
-        return "generic"
-    for name in ("qwen3_5_think", "qwen3_5_nothink"):
-        try:
-            if own == trl_template(name).strip():
-                return "qwen3_5"
-        except RuntimeError:
-            return "generic"
-    return "generic"
+    """``qwen3_5`` when the tokenizer's own template is a Qwen3.5-family one, else ``generic``."""
+    return "qwen3_5" if q35.looks_like_qwen35(getattr(tokenizer, "chat_template", None)) else "generic"
 
 
 # That needs a template that does not re-render earlier messages when some are appended; per model family:
 #
-# - ``qwen3_5``: TRL's prefix-preserving Qwen3.5 template (`trl/chat_templates/qwen3_5_think_training.jinja`,
-#   thinking kept in every assistant turn), the recipe's `TOKEN_BUILD_MODEL=qwen3_5`;
+# - ``qwen3_5``: the recipe's fixed Qwen3.5 template (`sweflow.proxy.qwen35_template`: the stock one without
+#   the second example parameter and the reminder block, reasoning kept in every assistant turn), the recipe's
+#   `TOKEN_BUILD_MODEL=qwen3_5`. It also renders every prompt that starts a lineage, and an output cut by
+#   the length limit is followed by the next messages directly (nothing appended), as the recipe does;
 # - ``generic``: the tokenizer's own template, checked on each diff (a template that is not prefix-preserving
 #   for the dummy makes the call start a new lineage, counted as ``suffix_not_prefix``).
+#
+# ``auto`` picks ``qwen3_5`` when the tokenizer's template is Qwen3.5's. One that looks like Qwen3.5's but
+# cannot be turned into the recipe's falls back to ``generic`` with a warning (sessions may then split); an
+# explicit ``qwen3_5`` raises instead.
 def suffix_template(family: str, tokenizer: Any) -> str | None:
     """The template appended messages are rendered with (None: the tokenizer's own)."""
     if family == "auto":
-        family = detect_family(tokenizer)
+        if detect_family(tokenizer) != "qwen3_5":
+            return None
+        try:
+            return q35.recipe_template(tokenizer)
+        except q35.TemplateError as exc:
+            log.warning(
+                "token_build_model auto: the tokenizer's chat template looks like Qwen3.5's, but the recipe's "
+                "template cannot be built from it, so prompts are built with the tokenizer's own template "
+                "(generic; sessions may split into more samples): %s",
+                exc,
+            )
+            return None
     if family == "qwen3_5":
-        own = (getattr(tokenizer, "chat_template", None) or "").strip()
-        nothink = own == trl_template("qwen3_5_nothink").strip() if own else False
-        return trl_template("qwen3_5_nothink_training" if nothink else "qwen3_5_think_training")
+        return q35.recipe_template(tokenizer)
     if family == "generic":
         return None
     raise ValueError(f"token_build_model must be one of {', '.join(FAMILIES)}, not {family!r}")
@@ -86,6 +91,9 @@ class SuffixRenderer:
     def __init__(self, tokenizer: Any, template: str | None, chat_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
         self.template = template
+        # The recipe's Qwen3.5 template also renders the prompts that start a lineage (`full_template`), and
+        # after an output cut by the length limit the recipe appends nothing (`bridge`).
+        self.recipe = q35.is_recipe_template(template)
         self.kwargs = dict(chat_kwargs or {})
         self._lock = threading.Lock()  # apply_chat_template compiles and caches; keep renders serial
         self._bridge_cache: dict[str | None, str] = {}
@@ -125,11 +133,20 @@ class SuffixRenderer:
             raise SuffixError("suffix_not_prefix", "the template re-renders earlier messages")
         return full[len(head) :]
 
+    @property
+    def full_template(self) -> str | None:
+        """The template a whole conversation is rendered with when it starts a lineage (None: the
+        tokenizer's own)."""
+        return self.template if self.recipe else None
+
     def bridge(self, stop_texts: list[str], ended_with: str | None) -> str:
         """What the template writes after an assistant turn's content that the model did not produce: the
         rest of the closer after the stop token the output ended with (Qwen: `<|im_end|>` then `\\n`), or
-        the whole closer when the output was cut by the length limit (`ended_with` None). Empty when the
-        template closes a turn with none of `stop_texts`."""
+        the whole closer when the output was cut by the length limit (`ended_with` None; with the recipe's
+        template nothing: the next messages follow the cut output directly). Empty when the template
+        closes a turn with none of `stop_texts`."""
+        if ended_with is None and self.recipe:
+            return ""
         key = ended_with
         if key not in self._bridge_cache:
             head = self._render(self._dummy([]), False)
@@ -146,30 +163,30 @@ class SuffixRenderer:
 
 # Here a session holds *lineages*:
 #
-# - a lineage is the exact token ids of its last call (prompt + output) and the chat messages that call was
-#   built from;
-# - a request that repeats a lineage's messages, then the assistant message the proxy answered (as the agent
-#   echoes it: its tool calls restored to what the model wrote), then only tool results / user messages,
-#   extends it: prompt = lineage ids + the bridge the template puts after an assistant message's stop token
-#   (`<|im_end|>` -> `\n`) + the tokens of the appended messages alone;
+# - a lineage is a chain of answered calls, each one's prompt extending the one before token for token; each
+#   call keeps its exact prompt and output ids and the assistant message it answered, and the lineage keeps
+#   the chat messages of its last call's prompt (every earlier call's are a prefix of them);
+# - a request that repeats the messages of a call, then the assistant message the proxy answered (as the
+#   agent echoes it: its tool calls restored to what the model wrote), then only tool results / user
+#   messages, extends that call: prompt = the call's ids + the bridge the template puts after an assistant
+#   message's stop token (`<|im_end|>` -> `\n`) + the tokens of the appended messages alone. Extending a
+#   lineage's last call continues the lineage ("append"); extending an earlier one starts a new lineage on
+#   that call's exact ids ("branch"), as the recipe does; where several calls fit, the one with the longest
+#   history wins, then a lineage's last call, then the newest;
 # - anything else (the first call, a compaction, an edited earlier message, other system prompt or tools, a
-#   sub-agent's own conversation) starts a new lineage, rendered whole through the tokenizer's template.
+#   sub-agent's own conversation) starts a new lineage, rendered whole (`SuffixRenderer.full_template`).
 @dataclass
-class Lineage:
-    """One exact token history of a session."""
+class Call:
+    """One answered call of a lineage."""
 
-    id: int
-    reason: str  # why it started: first, history_rewrite, tools_changed, system_changed, ...
-    tools: Any  # the chat tools its calls were rendered with (compared, never re-rendered)
-    chat: list[dict] = field(default_factory=list)  # the chat messages of its last call's prompt
-    answer: dict | None = None  # the chat form of the assistant message the last call answered
-    # its last call's prompt ids and output ids, kept apart: the prompt list is the one its turn records, so
-    # a commit copies no ids and frees none (at 100k tokens a copy or a free costs ~0.2 ms per call)
-    prompt_ids: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-    ended_with_stop: bool = True
-    version: int = 0  # bumped by every commit: a concurrent sibling request forks instead
-    previous: tuple | None = None  # (chat, answer, prompt ids, output ids, ended_with_stop) before it
+    seq: int  # the session's call order (a newer call has a larger one)
+    size: int  # how many chat messages its prompt was built from: the first `size` of its lineage's chat
+    answer: dict  # the chat form of the assistant message it answered
+    # its prompt ids and output ids, kept apart: the prompt list is the one its turn records, so a commit
+    # copies no ids and frees none (at 100k tokens a copy or a free costs ~0.2 ms per call)
+    prompt_ids: list[int]
+    output_ids: list[int]
+    ended_with_stop: bool = True  # False: cut by the length limit
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
@@ -179,7 +196,7 @@ class Lineage:
         return ids[-1] if ids else None
 
     def extended(self, appended: list[int]) -> list[int]:
-        """The lineage's exact ids followed by `appended`, as one new list (one copy)."""
+        """The call's exact ids followed by `appended`, as one new list (one copy)."""
         out = self.prompt_ids.copy()
         out += self.output_ids
         out += appended
@@ -187,13 +204,27 @@ class Lineage:
 
 
 @dataclass
+class Lineage:
+    """One exact token history of a session: its calls, each extending the one before."""
+
+    id: int
+    reason: str  # why it started: first, branch, history_rewrite, tools_changed, system_changed, ...
+    tools: Any  # the chat tools its calls were rendered with (compared, never re-rendered)
+    chat: list[dict] = field(default_factory=list)  # the chat messages of its last call's prompt
+    calls: list[Call] = field(default_factory=list)
+    version: int = 0  # bumped by every commit: a concurrent sibling request forks instead
+    previous_chat: list[dict] | None = None  # the chat before the last commit (for `rollback`)
+
+
+@dataclass
 class Plan:
-    """How one request's prompt is built: extend `lineage` with `appended`, or start a new one."""
+    """How one request's prompt is built: extend call `base` of `lineage` with `appended`, or start anew."""
 
     lineage: Lineage | None
     appended: list[dict]
-    reason: str  # "append", or why a new lineage starts
+    reason: str  # "append", "branch", or why a new lineage starts
     version: int = 0
+    base: Call | None = None
 
 
 def _norm_tools(tools: Any) -> Any:
@@ -209,48 +240,72 @@ def _same_answer(echoed: dict, answer: dict) -> bool:
     }
 
 
-# The cost of a call is the cost of converting its messages to chat form and comparing them with the lineage's
-# (no tokenisation of the history), so it does not grow with the prompt's token count.
+def _common_length(a: list[dict], b: list[dict]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# The cost of a call is the cost of converting its messages to chat form and comparing them with each
+# lineage's once (no tokenisation of the history), so it does not grow with the prompt's token count.
 class LineageBook:
     """The lineages of one session; thread-safe."""
 
     def __init__(self) -> None:
         self._lineages: list[Lineage] = []
         self._lock = threading.Lock()
+        self._seq = 0
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._lineages)
 
     def plan(self, chat: list[dict], tools: Any) -> Plan:
-        """Find the lineage `chat` extends (newest first), or say why none does."""
+        """Find the call `chat` extends (comment above), or say why none does."""
         tools = _norm_tools(tools)
         with self._lock:
-            lineages = list(reversed(self._lineages))
-        if not lineages:
+            book = [(lin, lin.chat, list(lin.calls), lin.version) for lin in reversed(self._lineages)]
+        if not book:
             return Plan(None, [], "first")
         reason = "history_rewrite"
-        for lin in lineages:
-            if lin.answer is None:
+        best: tuple[tuple[int, bool, int], Plan] | None = None
+        for lin, lin_chat, calls, version in book:
+            if not calls:
                 continue
-            n = len(lin.chat)
-            if len(chat) <= n + 1:
-                continue
-            if chat[0:1] != lin.chat[0:1]:
+            if chat[0:1] != lin_chat[0:1]:
                 reason = "system_changed" if reason == "history_rewrite" else reason
                 continue
-            if chat[:n] != lin.chat or not _same_answer(chat[n], lin.answer):
+            same = _common_length(chat, lin_chat)
+            # Only the deepest call whose answer the request echoes can fit: for an earlier one, the
+            # messages after its answer hold a later answer, which no append may.
+            at = next(
+                (
+                    i
+                    for i in range(len(calls) - 1, -1, -1)
+                    if calls[i].size <= same
+                    and len(chat) > calls[i].size + 1
+                    and _same_answer(chat[calls[i].size], calls[i].answer)
+                ),
+                None,
+            )
+            if at is None:
                 continue
             if lin.tools != tools:
                 reason = "tools_changed"
                 continue
-            appended = chat[n + 1 :]
+            call = calls[at]
+            appended = chat[call.size + 1 :]
             bad = [m.get("role") for m in appended if m.get("role") not in APPEND_ROLES]
             if bad:
                 reason = f"appended_{bad[0]}"
                 continue
-            return Plan(lin, appended, "append", lin.version)
-        return Plan(None, [], reason)
+            last = at == len(calls) - 1
+            key = (call.size, last, call.seq)
+            if best is None or key > best[0]:
+                best = (key, Plan(lin, appended, "append" if last else "branch", version, call))
+        return best[1] if best is not None else Plan(None, [], reason)
 
     def commit(
         self,
@@ -267,16 +322,16 @@ class LineageBook:
         why a new lineage started, the lineage's version after the commit, for `rollback`)."""
         tools = _norm_tools(tools)
         with self._lock:
+            self._seq += 1
+            call = Call(self._seq, len(chat), answer, prompt_ids, output_ids, ended_with_stop)
             lin = plan.lineage
-            if lin is not None and lin.version == plan.version:
-                lin.previous = (lin.chat, lin.answer, lin.prompt_ids, lin.output_ids, lin.ended_with_stop)
-                lin.chat, lin.answer, lin.prompt_ids, lin.output_ids = chat, answer, prompt_ids, output_ids
-                lin.ended_with_stop, lin.version = ended_with_stop, lin.version + 1
+            if lin is not None and plan.reason == "append" and lin.version == plan.version:
+                lin.previous_chat, lin.chat = lin.chat, chat
+                lin.calls.append(call)
+                lin.version += 1
                 return lin.id, "append", lin.version
-            reason = plan.reason if lin is None else "concurrent_fork"
-            new = Lineage(
-                len(self._lineages), reason, tools, chat, answer, prompt_ids, output_ids, ended_with_stop, 1
-            )
+            reason = "concurrent_fork" if lin is not None and plan.reason == "append" else plan.reason
+            new = Lineage(len(self._lineages), reason, tools, chat, [call], 1)
             self._lineages.append(new)
             return new.id, reason, new.version
 
@@ -286,13 +341,12 @@ class LineageBook:
         be extended again; a later commit on the lineage makes the undo a no-op (False)."""
         with self._lock:
             lin = self._lineages[lineage_id] if 0 <= lineage_id < len(self._lineages) else None
-            if lin is None or lin.version != version:
+            if lin is None or lin.version != version or not lin.calls:
                 return False
-            if lin.previous is None:
-                lin.answer, lin.prompt_ids, lin.output_ids = None, [], []
-            else:
-                lin.chat, lin.answer, lin.prompt_ids, lin.output_ids, lin.ended_with_stop = lin.previous
-            lin.previous, lin.version = None, lin.version + 1
+            lin.calls.pop()
+            if lin.previous_chat is not None:
+                lin.chat = lin.previous_chat
+            lin.previous_chat, lin.version = None, lin.version + 1
             return True
 
     def reasons(self) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweflow.proxy import replay, tito
+from sweflow.proxy import qwen35_template, replay, tito
 from sweflow.proxy.engines import GenerateResult
 from sweflow.proxy.server import ProxyConfig, ProxyServer
 
@@ -52,7 +52,7 @@ def qwen(tiny):
 
 def test_families_are_detected_from_the_tokenizers_template(tiny, qwen):
     assert tito.detect_family(qwen) == "qwen3_5" and tito.detect_family(tiny) == "generic"
-    assert "always include thinking" in tito.suffix_template("auto", qwen)
+    assert tito.suffix_template("auto", qwen) == qwen35_template.derive(qwen.chat_template)
     assert tito.suffix_template("auto", tiny) is None
     with pytest.raises(ValueError, match="token_build_model"):
         tito.suffix_template("llama", tiny)
@@ -216,7 +216,7 @@ def test_render_mode_keeps_rerendering(tiny):
 
 def test_the_production_recipe_builds_prompts_as_the_recipes_proxy_does(qwen):
     """config/swegym-e2b.yaml -> train.proxy -> the settings the TRL worker and the verl rollout spec pass
-    on: tito with the qwen3_5 family, whose suffix template is TRL's prefix-preserving one."""
+    on: tito with the qwen3_5 family, whose template is the recipe's, derived from the tokenizer's own."""
     from sweflow.config import load_config
     from sweflow.train.proxy_settings import ProxySettings
 
@@ -227,7 +227,8 @@ def test_the_production_recipe_builds_prompts_as_the_recipes_proxy_does(qwen):
     config = ProxyConfig(token_build_mode=proxy.build_mode, token_build_model=proxy.build_model)
     server = ProxyServer(Echo(qwen), qwen, config)
     try:
-        assert server._suffix.template == tito.trl_template("qwen3_5_think_training")
+        assert server._suffix.template == qwen35_template.derive(qwen.chat_template)
+        assert server._suffix.recipe and server._suffix.full_template == server._suffix.template
     finally:
         server._httpd.server_close()
     # the embedded default keeps the schema's default: tito, family read from the tokenizer

@@ -103,7 +103,12 @@ def trainer(patched: bool) -> types.SimpleNamespace:
         }
     )
     # a subclass of the synchronous trainer the recipe runs, so the patch stays local to the test
-    cls = type("Trainer", (PPOTrainerSync,), {})
+    # (unpatched: verl's own methods, even where importing sweflow.train.verl_advantage patched verl's class)
+    own = {
+        name: getattr(getattr(PPOTrainerSync, name), "__wrapped__", getattr(PPOTrainerSync, name))
+        for name in ("_get_required_batch_multiple", "_update_actor")
+    }
+    cls = type("Trainer", (PPOTrainerSync,), own)
     if patched:
         assert verl_one_step.install(cls)
     t = cls.__new__(cls)
