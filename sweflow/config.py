@@ -280,26 +280,31 @@ def _sft_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
 
 
 def _proxy_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
-    """E2B sandboxes reach a proxy on this side over the internet: a branch that runs one through E2B needs
-    its public URL before the first job, not hours in (train_grpo, collect_trajectories refuse it too)."""
-    if cfg["sandbox"]["provider"] != "e2b":
-        return
-    needs = []
+    """Cloud sandboxes (E2B) reach a proxy on this side over the internet: a branch that runs one needs its
+    public URL and declared port before the first job, not hours in (train_grpo, collect_trajectories
+    refuse it too)."""
+    from .train.proxy_settings import cloud_reach_problem
+
+    branches = []
     if (cfg.get("train") or {}).get("enabled"):
-        needs.append(("train", "proxy", "public_url"))
+        branches.append((("train", "proxy"), cfg["train"].get("engine"), True))
     if (cfg.get("sft") or {}).get("enabled"):
-        needs.append(("sft", "collect", "proxy", "public_url"))
-    for path in needs:
+        branches.append((("sft", "collect", "proxy"), None, False))
+    for path, engine, fixed_port in branches:
         node: Any = cfg
         for part in path:
             node = (node or {}).get(part) if isinstance(node, dict) else None
-        if not node:
-            raise ConfigError(
-                "E2B sandboxes reach the proxy over the internet, and its public URL is not set",
-                file=_where(origins, path),
-                field=".".join(path),
-                hint="publish the proxy's port over HTTP(S) and set the URL ({port} is filled in per proxy)",
-            )
+        node = node if isinstance(node, dict) else {}
+        problem = cloud_reach_problem(
+            cfg["sandbox"]["provider"],
+            port=int(node.get("port") or 0) if fixed_port else None,
+            public_url=node.get("public_url"),
+            engine=engine,
+            where=".".join(path),
+        )
+        if problem:
+            message, field, hint = problem
+            raise ConfigError(message, file=_where(origins, tuple(field.split("."))), field=field, hint=hint)
 
 
 def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:

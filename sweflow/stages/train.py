@@ -22,7 +22,7 @@ from ..rulekit import from_snakemake
 from ..sandbox.settings import SandboxSettings
 from ..schema import default
 from ..train.engines import ENGINES, EngineRun
-from ..train.proxy_settings import ProxySettings
+from ..train.proxy_settings import ProxySettings, cloud_reach_problem
 from ..util import (
     atomic_write,
     atomic_write_json,
@@ -263,12 +263,11 @@ def train_grpo_step(
     recipe = Recipe.from_config(train)
     check_recipe(recipe)
     proxy, settings = ProxySettings.from_config(train), SandboxSettings.from_config(sandbox)
-    if provider == "e2b" and not proxy.public_url:
-        raise TrainError(
-            "E2B sandboxes reach the proxy over the internet, and train.proxy.public_url is not set",
-            field="train.proxy.public_url",
-            hint="publish the proxy's port(s) over HTTP(S) and set the URL ({port} is filled in per proxy)",
-        )
+    problem = cloud_reach_problem(
+        provider, port=proxy.port, public_url=proxy.public_url, engine=recipe.engine, where="train.proxy"
+    )
+    if problem:
+        raise TrainError(problem[0], field=problem[1], hint=problem[2])
     rows = select_instances(read_tasks(tasks), train.get("instances"), str(tasks))
     run_dir = Path(outputs["summary"]).parent
     work = _prepare_work(run_dir, stable_json(recipe.to_dict()))

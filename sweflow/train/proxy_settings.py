@@ -38,3 +38,39 @@ class ProxySettings:
     def port_for_rank(self, rank: int) -> int:
         """A fixed port is the first rank's; every other process of a run takes the next ones (0: free)."""
         return self.port + rank if self.port else 0
+
+
+CLOUD_PROVIDERS = ("e2b",)  # sandboxes outside the cluster, which reach the proxy over the internet
+
+
+def cloud_reach_problem(
+    provider: str, *, port: int | None, public_url: str | None, engine: str | None, where: str
+) -> tuple[str, str, str] | None:
+    """Why cloud sandboxes could not reach the proxy of `where` (message, field, hint), or None.
+
+    They need one published URL and a declared port: port 0 is a random port nobody published. On verl the
+    URL names the one gateway on the Ray head node (`proxy_gateway`), so it takes no per-worker "{port}";
+    the TRL engine's processes on one machine take the declared port and the next ones ("{port}" allowed).
+    `port` None: not checked (the SFT collection shards, whose proxies a site publishes itself).
+    """
+    if provider not in CLOUD_PROVIDERS:
+        return None
+    if not public_url:
+        return (
+            f"{provider} sandboxes reach the proxy over the internet, and its public URL is not set",
+            f"{where}.public_url",
+            "publish the proxy's declared port over HTTP(S) at one URL and set it (README, Using it for real)",
+        )
+    if port is not None and not port:
+        return (
+            f"{provider} sandboxes reach the proxy at a declared port, and port 0 picks a random one",
+            f"{where}.port",
+            "declare the port you publish, e.g. 8800 (the recipe's)",
+        )
+    if engine == "verl" and "{port}" in public_url:
+        return (
+            "verl runs one proxy endpoint per run (a gateway on the Ray head node): public_url takes no {port}",
+            f"{where}.public_url",
+            "set the URL at which the head node's declared port is published",
+        )
+    return None

@@ -160,8 +160,8 @@ def load_rollout_spec(path: str | os.PathLike) -> dict[str, Any]:
     """The rollout spec JSON: {"provider", "sandbox", "proxy": {host, port, public_url}, "rollout":
     {RolloutConfig fields}, "sampling": {ProxyConfig sampling fields}}; ConfigError on a bad one.
 
-    `proxy.public_url` may hold "{port}" (each worker process listens on its own port). A key that looks
-    like a secret is refused: secrets belong in the environment.
+    With `proxy.public_url` set, sandboxes reach every worker's proxy through the run's one gateway
+    (`proxy_gateway`). A key that looks like a secret is refused: secrets belong in the environment.
     """
     try:
         spec = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -213,11 +213,12 @@ class Runtime:
 def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
     """The real runtime from $SWEFLOW_ROLLOUT_SPEC: a ProxyServer over a ServerManagerEngine, the provider,
     and a Dispatcher per sample (sharing both) whose session ids start with the sample's bound prefix."""
-    from ..proxy.server import ProxyConfig, ProxyServer
+    from ..proxy.server import ProxyConfig
     from ..rollout.clients import HttpProxyClient
     from ..rollout.dispatcher import Dispatcher
     from ..sandbox.registry import provider_from_config
     from ..sandbox.settings import SandboxSettings
+    from .proxy_gateway import start_worker_proxy
     from .proxy_settings import ProxySettings
 
     path = os.environ.get(ROLLOUT_SPEC_ENV)
@@ -236,21 +237,10 @@ def build_runtime(agent_loop: SweflowAgentLoop) -> Runtime:
         "top_k": max(int(rc.top_k), 0),
         **dict(spec.get("sampling") or {}),
     }
-    proxy = ProxyServer(
-        engine,
-        agent_loop.tokenizer,
-        ProxyConfig(
-            **sampling,
-            token_build_mode=settings.build_mode,
-            token_build_model=settings.build_model,
-        ),
-        host=settings.host,
-        port=settings.port,
-    ).start()
-    port = proxy._httpd.server_address[1]
-    local = f"http://127.0.0.1:{port}" if settings.host in ("0.0.0.0", "::", "") else proxy.url
-    public = settings.public_url
-    router_url = str(public).format(port=port, host=socket.gethostname()) if public else None
+    config = ProxyConfig(
+        **sampling, token_build_mode=settings.build_mode, token_build_model=settings.build_model
+    )
+    proxy, local, router_url = start_worker_proxy(engine, agent_loop.tokenizer, config, settings)
     client = HttpProxyClient(local, admin_token=proxy.admin_token)
     sandbox = SandboxSettings.from_spec(spec.get("sandbox") or {}, where=f"{path}: sandbox")
     provider = provider_from_config(spec["provider"], sandbox)

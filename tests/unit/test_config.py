@@ -265,11 +265,32 @@ def test_the_production_recipe_without_a_proxy_url_stops_at_config_time_naming_t
     assert err.value.field == "train.proxy.public_url" and "swegym-e2b.yaml:" in err.value.one_line()
     with pytest.raises(ConfigError) as err:
         load_config(recipe, ROOT / "config" / "swesmith-sft.yaml",
-                    overrides={"train": {"proxy": {"public_url": "https://p.example/{port}"}}})  # fmt: skip
+                    overrides={"train": {"proxy": {"public_url": "https://p.example"}}})  # fmt: skip
     assert err.value.field == "sft.collect.proxy.public_url"
     load_config(recipe, ROOT / "config" / "swesmith-sft.yaml", SITE)
     # off E2B the proxy is reached directly: nothing to set
     load_config(recipe, overrides={"sandbox": {"provider": "docker"}})
+
+
+def test_cloud_sandboxes_need_one_declared_proxy_endpoint():
+    """E2B cannot reach a random port, nor one port per verl worker: port 0 and a "{port}" URL on verl stop
+    the recipe at config time, each naming its key; the site's single URL on the declared port passes."""
+    recipe = ROOT / "config" / "swegym-e2b.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe, SITE, overrides={"train": {"proxy": {"port": 0}}})
+    assert err.value.field == "train.proxy.port" and "port 0" in err.value.one_line()
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe, SITE, overrides={"train": {"proxy": {"public_url": "https://p.example:{port}"}}})
+    assert err.value.field == "train.proxy.public_url" and "one proxy endpoint" in err.value.one_line()
+    cfg = load_config(recipe, SITE)
+    assert cfg["train"]["proxy"]["port"] == 8800 and "{port}" not in cfg["train"]["proxy"]["public_url"]
+    # the TRL engine's processes on one machine may publish a declared port range
+    trl = {
+        "engine": "trl",
+        "parallel": {"tensor": 1, "context": 1},
+        "proxy": {"public_url": "https://p:{port}"},
+    }
+    load_config(recipe, SITE, overrides={"train": trl})
 
 
 def test_a_verl_launch_the_engine_would_refuse_is_refused_at_config_time():
