@@ -4,10 +4,13 @@
     python3 benchmarks/gpu_check.py OUT.json --reduced        # CPU, tiny sizes, the same code (CI runs it)
 
 Parts, each in its own process (its peak memory is its own; a failure is reported, the rest still run):
+- `peak`: the lent card's own bf16 matmul peak (TFLOP/s of square matmuls, median of many), the figure MFU
+  is taken against (an H100's and an H200's differ; `--peak-tflops` overrides it), beside the datasheet's
+  dense bf16 figure for the card's name (`DATASHEET_TFLOPS`).
 - `model`: the recipe's model shape on the trainer side. A Qwen3.5 model at Qwen3.5-4B's published sizes
   (sweflow.models.megatron_qwen35.QWEN35_4B, random weights), bf16, gradient checkpointing, forward +
   backward at 16k, 32k and 64k tokens through a head computed in chunks of 1,024 tokens (the recipe's
-  log-prob chunk): tokens/s, MFU against the card's measured bf16 peak, peak memory; then the same length
+  log-prob chunk): tokens/s, MFU against the `peak` part's figure, peak memory; then the same length
   with the whole-sequence head of transformers' own loss, whose extra peak is the logits' share.
 - `logprob`: rollout/trainer agreement. The same model with a sharpened head (scaled so the next-token
   distribution is not flat) decodes with its cache (GDN's recurrent path, as a rollout engine does), then
@@ -40,8 +43,10 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-PARTS = ("model", "logprob", "grpo")
-PEAK_TFLOPS = 790.0  # bf16 matmul measured on the H200 this project can be lent (../shared/REFERENCE.md)
+PARTS = ("peak", "model", "logprob", "grpo")
+# Dense bf16 tensor-core figures from the vendors' datasheets, by the name torch reports (SXM parts); MFU is
+# taken against the card's measured peak (`part_peak`), these are printed beside it for reference.
+DATASHEET_TFLOPS = {"H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.4}
 BUDGET_S = 450  # the whole check stays under 8 minutes on one H200
 
 
@@ -59,10 +64,12 @@ class Sizes:
     grpo_completion: int
     grpo_tool: int
     grpo_samples: int
+    peak_n: int
+    peak_batches: int
 
 
-FULL = Sizes((16384, 32768, 65536), 1024, 2, 1024, 256, "tiny-swa", 3400, 600, 200, 4)
-REDUCED = Sizes((64, 128, 256), 32, 1, 32, 24, "tiny", 48, 24, 6, 4)
+FULL = Sizes((16384, 32768, 65536), 1024, 2, 1024, 256, "tiny-swa", 3400, 600, 200, 4, 8192, 20)
+REDUCED = Sizes((64, 128, 256), 32, 1, 32, 24, "tiny", 48, 24, 6, 4, 128, 3)
 
 
 def arch(reduced: bool):
@@ -199,6 +206,35 @@ def is_oom(exc: BaseException) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- parts
+def datasheet_tflops(name: str) -> float | None:
+    """The datasheet's dense bf16 TFLOP/s of a card torch names `name` (the longest matching key), or None."""
+    keys = sorted((k for k in DATASHEET_TFLOPS if k in name), key=len, reverse=True)
+    return DATASHEET_TFLOPS[keys[0]] if keys else None
+
+
+def part_peak(args, sizes: Sizes) -> dict:
+    """The card's own bf16 matmul throughput: n x n x n matmuls, warmed up, the median of timed batches."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    n = sizes.peak_n
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    a, b = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    rates = []
+    for _ in range(sizes.peak_batches):
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        sync(dev)
+        rates.append(10 * 2 * n**3 / (time.perf_counter() - t0) / 1e12)
+    name = device_info()["name"]
+    return {"n": n, "dtype": str(dtype).split(".")[-1], "bf16_matmul_tflops": round(statistics.median(rates), 1),
+            "max_tflops": round(max(rates), 1), "datasheet_tflops": datasheet_tflops(name), "name": name}  # fmt: skip
+
+
 def part_model(args, sizes: Sizes) -> dict:
     import torch
 
@@ -248,7 +284,8 @@ def part_model(args, sizes: Sizes) -> dict:
         t = statistics.median(times)
         flops = model_flops(model, a, n)
         row.update(step_s=round(t, 3), tokens_per_s=round(n / t, 1), model_tflop=float(f"{flops / 1e12:.4g}"))
-        row["mfu"] = round(flops / t / (args.peak_tflops * 1e12), 4) if dev == "cuda" else None
+        peak = args.peak_tflops
+        row["mfu"] = round(flops / t / (peak * 1e12), 4) if dev == "cuda" and peak else None
         try:
             mem.reset()
             row["whole_head_step_s"] = round(step(ids, whole_head=True), 3)
@@ -325,7 +362,7 @@ def part_grpo(args, sizes: Sizes) -> dict:
     return {**{k: res.get(k) for k in keep}, "per_step": res["per_step"]}
 
 
-RUNNERS = {"model": part_model, "logprob": part_logprob, "grpo": part_grpo}
+RUNNERS = {"peak": part_peak, "model": part_model, "logprob": part_logprob, "grpo": part_grpo}
 
 
 def run_child(args) -> int:
@@ -346,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", type=Path, help="the JSON file the figures are written to")
     ap.add_argument("--reduced", action="store_true", help="tiny sizes on CPU: the same code, seconds")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
-    ap.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="the card's bf16 peak for MFU")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the card's bf16 peak for MFU (default: what the peak part measures on this card)")  # fmt: skip
     ap.add_argument("--logit-std", type=float, default=4.0, help="the logprob part's sharpened logit spread")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="the whole check's time budget")
     ap.add_argument("--threads", type=int, default=16, help="torch CPU threads")
@@ -368,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         if left < 20:
             result["parts"][part] = {"skipped": "time budget"}
             continue
-        cmd = [sys.executable, __file__, str(args.out), "--child", part, "--peak-tflops", str(args.peak_tflops),
+        peak = args.peak_tflops or (result["parts"].get("peak") or {}).get("bf16_matmul_tflops")
+        result["mfu_against_tflops"] = peak
+        cmd = [sys.executable, __file__, str(args.out), "--child", part, "--peak-tflops", str(peak or 0),
                "--logit-std", str(args.logit_std), "--budget-s", str(left), "--threads", str(args.threads)]  # fmt: skip
         cmd += ["--reduced"] if args.reduced else []
         try:

@@ -83,9 +83,17 @@ def test_the_reduced_gpu_check_runs_every_part_and_writes_its_figures(tmp_path):
     figures = json.loads(out.read_text())
     assert json.loads(line) == figures and figures["reduced"] and figures["device"] == "cpu"
     parts = figures["parts"]
-    assert set(parts) == {"model", "logprob", "grpo"} and not any("error" in p for p in parts.values()), parts
+    assert set(parts) == {"peak", "model", "logprob", "grpo"} and not any(
+        "error" in p for p in parts.values()
+    ), parts
+
+    # MFU is taken against what the peak part measured on this device (fp32 on CPU, bf16 on a GPU)
+    peak = parts["peak"]
+    assert peak["bf16_matmul_tflops"] > 0 and peak["max_tflops"] >= peak["bf16_matmul_tflops"]
+    assert figures["mfu_against_tflops"] == peak["bf16_matmul_tflops"] and peak["datasheet_tflops"] is None
 
     model = parts["model"]
+    assert model["peak_tflops"] == peak["bf16_matmul_tflops"]
     assert model["layers"] == 4 and model["gdn_kernel"] in ("fla", "torch") and model["dtype"] == "bfloat16"
     assert sorted(map(int, model["lengths"])) == [64, 128, 256]
     for n, row in model["lengths"].items():
