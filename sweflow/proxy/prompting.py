@@ -1,9 +1,8 @@
 """The proxy's prompt side: a Messages request -> prompt token ids, and output ids -> text.
 
-`build_prompt` extends an answered call of the session token for token (`sweflow.proxy.tito`) when the request
-continues it, else renders the whole conversation (`render_chat`: the tokenizer's chat template, or the
-recipe's Qwen3.5 one). Mixed into `ProxyServer`, whose `__init__` sets what it reads (config, tokenizer pool,
-suffix renderer, stop ids).
+`build_prompt` extends an answered call of the session token for token (`sweflow.proxy.tito`), else renders
+the whole conversation (`render_chat`: the tokenizer's template, or the recipe's Qwen3.5 one). Mixed into
+`ProxyServer`, whose `__init__` sets what it reads (config, tokenizer pool, suffix renderer, stop ids).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Token-in/token-out: each call's prompt is the previous call's exact ids plus the appended messages only.
 
-A session holds *lineages* (`LineageBook`): a request that extends one of its answered calls gets that call's
-ids plus the tokens of the appended messages alone, tokenised as a rendered-suffix diff (`SuffixRenderer`);
-anything else starts a new lineage. A call's cost does not grow with the prompt's token count.
+A session holds *lineages* (`LineageBook`): a request extending one of its answered calls gets that call's
+ids plus the appended messages' tokens alone, a rendered-suffix diff (`SuffixRenderer`; from an earlier call
+of a lineage: a branch); anything else starts a new lineage, rendered whole. Cost does not grow with length.
 """
 
 from __future__ import annotations
