@@ -297,7 +297,7 @@ def _proxy_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
         node = node if isinstance(node, dict) else {}
         problem = cloud_reach_problem(
             cfg["sandbox"]["provider"],
-            port=int(node.get("port") or 0) if fixed_port else None,
+            port=int(node["port"]) if fixed_port else None,
             public_url=node.get("public_url"),
             engine=engine,
             where=".".join(path),

@@ -49,7 +49,7 @@ def wheel_requires(wheel: str | Path) -> list[str]:
     return list(meta.get_all("Requires-Dist") or [])
 
 
-def applies(req: Requirement, extras: Iterable[str] = ()) -> bool:
+def wanted_on_target(req: Requirement, extras: Iterable[str] = ()) -> bool:
     """Whether `req` is wanted on the target with `extras` requested."""
     if req.marker is None:
         return True
@@ -74,7 +74,7 @@ def unmet(
     wanted = tuple(extras)
     for text in requires:
         req = Requirement(text)
-        if not applies(req, wanted):
+        if not wanted_on_target(req, wanted):
             continue
         name = canonicalize_name(req.name)
         have = pins.get(name)

@@ -1,17 +1,18 @@
 """One proxy endpoint per verl run: a gateway on the Ray head node, at the declared port, in front of every
 rollout worker's own token-recording proxy.
 
-verl places its agent-loop workers round-robin over all nodes, and each holds a proxy (its engine is that
-worker's server manager). Cloud sandboxes (E2B) cannot reach compute nodes on arbitrary ports, so, as in the
-recipe (one proxy on the head node at a fixed port, one URL), sandboxes reach ONE address:
-`train.proxy.public_url` -> the head node's `train.proxy.host:port`. Each worker registers its proxy with
-the gateway under a random route key and hands its sandboxes `<public_url>/w/<key>`; the gateway forwards
-the Anthropic Messages calls (and nothing else: sessions, trajectories and the admin API stay on the
-worker's own address, inside the cluster) to that worker, streaming the answer back.
-
-Registration goes through Ray (a named actor pinned to the head node), so it needs no credential of its
-own; a Messages call is still authenticated by the worker's proxy with the session's bearer token.
+`start_worker_proxy` (each worker) publishes its proxy through `publish`; `Gateway` forwards Messages calls.
 """
+
+# verl places its agent-loop workers round-robin over all nodes, and each holds a proxy (its engine is that
+# worker's server manager). Cloud sandboxes (E2B) cannot reach compute nodes on arbitrary ports, so, as in the
+# recipe (one proxy on the head node at a fixed port, one URL), sandboxes reach ONE address:
+# `train.proxy.public_url` -> the head node's `train.proxy.host:port`. Each worker registers its proxy with
+# the gateway under a random route key and hands its sandboxes `<public_url>/w/<key>`; the gateway forwards
+# the Anthropic Messages calls (and nothing else: sessions, trajectories and the admin API stay on the
+# worker's own address, inside the cluster) to that worker, streaming the answer back.
+# Registration goes through Ray (a named actor pinned to the head node), so it needs no credential of its
+# own; a Messages call is still authenticated by the worker's proxy with the session's bearer token.
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def install() -> bool:
     if current is not compute_advantage_for_multi_trajectories:
         _VERL_MULTI = current
         trainer_base.compute_advantage_for_multi_trajectories = compute_advantage_for_multi_trajectories
-    verl_one_step.install(trainer_base.PPOTrainer)  # one optimizer step per rollout step
+    verl_one_step.install_one_step(trainer_base.PPOTrainer)  # one optimizer step per rollout step
     return True
 
 

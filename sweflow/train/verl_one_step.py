@@ -1,16 +1,17 @@
 """One optimizer step per rollout step on verl's v1 trainer, however many outputs the step's sessions gave.
 
-verl v1 pads a step's batch to a multiple of lcm(dp, ppo_mini_batch_size x n) and updates the actor once per
-mini-batch of ppo_mini_batch_size x n rows. A compacted or forked session gives several outputs, so a step
-of the recipe's 128 sessions that yields 129 outputs becomes 256 rows and TWO optimizer steps, the second
-almost all padding. The recipe takes one step per rollout (its global batch is the whole rollout), so
-`install` changes two methods of verl's trainer class:
-- the batch is padded to a multiple of lcm(dp, n) only (verl's own `upsample_batch_to_divisible_size`
-  still pads: at most lcm(dp, n) - 1 rows, 15 in the recipe);
-- the actor update takes the whole padded batch as ONE mini-batch, and the loss's sample count
-  (`global_batch_size`, the divisor of the per-sample mean) is the number of real rows, so padding rows
-  weigh nothing and every real sample weighs 1/rows, as in the recipe's per-sample mean.
+`install_one_step` wraps two methods of verl's trainer class (loaded with sweflow's advantage estimator).
 """
+
+# verl v1 pads a step's batch to a multiple of lcm(dp, ppo_mini_batch_size x n) and updates the actor once per
+# mini-batch of ppo_mini_batch_size x n rows. A compacted or forked session gives several outputs, so a step
+# of the recipe's 128 sessions that yields 129 outputs becomes 256 rows and TWO optimizer steps, the second
+# almost all padding. The recipe takes one step per rollout (its global batch is the whole rollout), so:
+# - the batch is padded to a multiple of lcm(dp, n) only (verl's own `upsample_batch_to_divisible_size`
+# still pads: at most lcm(dp, n) - 1 rows, 15 in the recipe);
+# - the actor update takes the whole padded batch as ONE mini-batch, and the loss's sample count
+# (`global_batch_size`, the divisor of the per-sample mean) is the number of real rows, so padding rows
+# weigh nothing and every real sample weighs 1/rows, as in the recipe's per-sample mean.
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def _update_actor(original: Any) -> Any:
     return update_actor
 
 
-def install(trainer_cls: Any) -> bool:
+def install_one_step(trainer_cls: Any) -> bool:
     """Patch verl's v1 trainer class (idempotent); False when it lacks the two methods (another verl)."""
     names = {"_get_required_batch_multiple": _batch_multiple, "_update_actor": _update_actor}
     if not all(callable(getattr(trainer_cls, name, None)) for name in names):

@@ -110,7 +110,7 @@ def trainer(patched: bool) -> types.SimpleNamespace:
     }
     cls = type("Trainer", (PPOTrainerSync,), own)
     if patched:
-        assert verl_one_step.install(cls)
+        assert verl_one_step.install_one_step(cls)
     t = cls.__new__(cls)
     t.config, t.use_critic, t.global_steps = cfg, False, 1
     t.actor_rollout_wg = Group()
@@ -154,7 +154,7 @@ def test_unpatched_verl_takes_two_steps_past_128(outputs, steps, monkeypatch):
 
 def test_install_is_idempotent_and_the_launch_loads_it():
     cls = type("Trainer", (PPOTrainerSync,), {})
-    assert verl_one_step.install(cls) and verl_one_step.install(cls)
+    assert verl_one_step.install_one_step(cls) and verl_one_step.install_one_step(cls)
     wrapped = cls._update_actor
     assert wrapped._sweflow_one_step  # wrapped once, not twice
     assert not getattr(wrapped.__wrapped__, "_sweflow_one_step", False)
