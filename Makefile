@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: megatron-core-src setup system system-test run test test-fast lint clean slurm-profile gpu-wheels
+.PHONY: setup system system-test run test test-fast lint clean slurm-profile gpu-wheels
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,17 +33,22 @@ $(VENV)/.verl-installed: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[harness,sandbox,model,train,report,test,verl]'
 	touch $@
 
-# megatron-core 0.16.1 (the old pin, from the package index) beside the venv for
-# tests/unit/test_megatron_qwen35.py: it must refuse Qwen3.5's Gated DeltaNet at context parallel 4
-$(VENV)/megatron-core-0.16.1/.installed: $(VENV)/.installed
-	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/megatron-core-0.16.1 'megatron-core==0.16.1'
+# The production env's Python (3.12) with the lock's packages that the Megatron actor's build needs, for
+# tests/unit/test_megatron_qwen35.py (verl's own build of Qwen3.5-4B at TP 2 x CP 4 on 8 CPU ranks): a subset
+# of envs/train-verl.lock.txt at its versions (uv, the lock as constraints), then stage 2 (megatron-bridge
+# --no-deps) as envs/train-verl.post-deploy.sh does; and the index's mbridge beside it (the old path's check).
+VERL_VENV ?= .venv-verl
+PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+VERL_BUILD_PKGS := torch megatron-core verl transformers hydra-core omegaconf peft tensordict einops triton
+UVPIP = UV_PYTHON_DOWNLOADS=never $(VENV)/bin/uv pip install -q --python $(VERL_VENV)/bin/python
+$(VERL_VENV)/.installed: $(VENV)/.installed envs/train-verl.lock.txt envs/train-verl.nodeps.txt
+	@test -n "$(PY312)" || { echo "make: Python 3.12 not found (set PY312=/path/to/python3.12)" >&2; exit 2; }
+	rm -rf $(VERL_VENV)
+	UV_PYTHON_DOWNLOADS=never $(VENV)/bin/uv venv -q --python $(PY312) $(VERL_VENV)
+	$(UVPIP) -c envs/train-verl.lock.txt $(VERL_BUILD_PKGS)
+	$(UVPIP) --no-deps -r envs/train-verl.nodeps.txt
+	$(UVPIP) --no-deps --target $(VERL_VENV)/mbridge-index 'mbridge==0.15.1'
 	touch $@
-
-# megatron-core releases the package index lacks (the 0.19.0 pin: release commit 5d4cf1d00bcc; 0.18.2),
-# built from a Megatron-LM clone for the same test: make megatron-core-src MEGATRON_LM=~/src/Megatron-LM
-MCORE_REFS ?= 5d4cf1d00bcc core_v0.18.2
-megatron-core-src: setup
-	bash .ci/megatron_core_src.sh $(VENV) '$(MEGATRON_LM)' $(MCORE_REFS)
 
 setup: $(VENV)/.installed $(VENV)/harness5/.installed $(VENV)/upstream/.installed
 
@@ -63,12 +68,12 @@ run: setup system
 JOBS ?= 3
 FAST_JOBS ?= 2
 TEST_OUT ?= test-results
-test: setup $(VENV)/.verl-installed $(VENV)/megatron-core-0.16.1/.installed system-test
+test: setup $(VENV)/.verl-installed $(VERL_VENV)/.installed system-test
 	mkdir -p $(TEST_OUT)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra -n $(JOBS) --dist loadgroup --durations=40 \
 		--junitxml=$(TEST_OUT)/junit.xml $(PYTEST_ARGS) tests
 
-test-fast: setup $(VENV)/.verl-installed $(VENV)/megatron-core-0.16.1/.installed
+test-fast: setup $(VENV)/.verl-installed
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -q -n $(FAST_JOBS) -m "not slow and not integration" \
 		--durations=15 $(PYTEST_ARGS) tests
 

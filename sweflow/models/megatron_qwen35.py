@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .hub import ModelError
@@ -114,6 +116,19 @@ def hf_text_config(arch: Qwen35Arch = QWEN35_4B, **overrides: Any) -> Any:
         "use_cache": False,
     }
     return Qwen3_5TextConfig(**{**kwargs, **overrides})
+
+
+def save_hf_config(folder: str | os.PathLike, arch: Qwen35Arch = QWEN35_4B) -> Path:
+    """`config.json` of the published model's shape (`Qwen3_5ForConditionalGeneration`, the text model
+    `hf_text_config(arch)`, tied embeddings): what the bridges read from Qwen/Qwen3.5-4B's folder."""
+    from transformers import Qwen3_5Config
+
+    text = hf_text_config(arch, tie_word_embeddings=True).to_dict()
+    text["full_attention_interval"] = arch.full_attention_interval  # mbridge reads it beside layer_types
+    config = Qwen3_5Config(text_config=text, tie_word_embeddings=True)
+    config.architectures = ["Qwen3_5ForConditionalGeneration"]
+    config.save_pretrained(folder)
+    return Path(folder) / "config.json"
 
 
 def transformer_config_kwargs(

@@ -72,8 +72,8 @@ def verl_overrides(
     """Hydra overrides for `python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer`.
 
     Checkpoints go to `<out_dir>/checkpoints` (resumed automatically). `agent_loop_config` is the path of
-    the YAML `agent_loop_config_yaml()` returns. `megatron_ckpt`: a Megatron dist checkpoint to start the
-    actor and the reference from (default: the Hugging Face weights at `model_path`, through mbridge).
+    the YAML `agent_loop_config_yaml()` returns. `megatron_ckpt`: a converter's torch_dist output to start
+    the actor and the reference from (default: the Hugging Face weights at `model_path`, through Megatron-Bridge).
     """
     r, p, o = recipe, recipe.parallel, recipe.optim
     extra = dict(r.verl or {})
@@ -132,12 +132,13 @@ def verl_overrides(
         (f"{a}.megatron.sequence_parallel", p.tensor > 1),
         (f"{a}.megatron.use_mbridge", True),
         (f"{a}.megatron.seed", r.seed),
-        # Gated DeltaNet (Qwen3.5) in Megatron: no padding removal (thd) and mbridge's own provider, as
-        # verl's Qwen3.5 Megatron example sets them (Megatron-Bridge's provider turns on per-token loss
-        # with context parallelism, which verl's loss does not expect)
-        ("actor_rollout_ref.model.use_remove_padding", False),
-        (f"{a}.megatron.use_remove_padding", False),
-        (f"{a}.megatron.vanilla_mbridge", True),
+        # Megatron-Bridge builds the model (verl's default path; `vanilla_mbridge` is deprecated, and mbridge
+        # on the index has no Qwen3.5) and loads the Hugging Face weights itself. At context parallelism its
+        # provider computes a per-token loss, which verl accepts with padding removal (THD) only; megatron-core
+        # 0.19's Gated DeltaNet takes packed sequences with CP (Megatron-LM #2645, #5843).
+        ("actor_rollout_ref.model.use_remove_padding", True),
+        (f"{a}.megatron.use_remove_padding", True),
+        (f"{a}.megatron.vanilla_mbridge", False),
         (f"{ref}.log_prob_micro_batch_size_per_gpu", micro),
         # rollout: vLLM servers driven by sweflow's agent loop; logprobs recorded for TIS
         (f"{ro}.name", "vllm"),
@@ -179,6 +180,10 @@ def verl_overrides(
     ]
     kv += _memory_overrides(recipe, micro)
     if megatron_ckpt:
+        from ..models.megatron import checkpoint_layout
+
+        # megatron-core loads the folder that holds the shards: a converter's iter_NNNNNNN/, not its root
+        megatron_ckpt = checkpoint_layout(megatron_ckpt)["load_path"]
         for section in (a, ref):
             kv.append((f"{section}.megatron.use_dist_checkpointing", True))
             kv.append((f"{section}.megatron.dist_checkpointing_path", megatron_ckpt))

@@ -1,94 +1,39 @@
-"""Qwen3.5-4B's megatron-core config at the recipe's TP 2 x CP 4: the pinned megatron-core builds it, 0.16.x
-refuses it ("Gated delta net does not support context parallel for now").
+"""Qwen3.5-4B's Megatron actor built the way verl builds it: verl 0.9.1's own `MegatronEngine` steps
+(`_init_device_mesh`, `_build_tf_config`) on 8 gloo ranks at the recipe's TP 2 x CP 4 with sequence
+parallelism, from a folder with the published model's config.json and the composed
+`actor_rollout_ref.actor.megatron` section of config/swegym-e2b.yaml (`sweflow.models.verl_build`).
 
-The megatron-core checks run `python -m sweflow.models.megatron_qwen35` on each megatron-core found: the one
-this interpreter imports (the GPU environment, envs/train-verl.yaml) and every `pip install --target` folder
-named `<venv>/megatron-core-<version>/` (`pip install --no-deps --target .venv/megatron-core-0.16.1
-megatron-core==0.16.1` works from the package index;
-`make test` installs it, so CI runs the refusal). The pin itself (0.19.0) is not on the package index and
-declares Python >= 3.12: `make megatron-core-src MEGATRON_LM=<a Megatron-LM clone>` builds it from its release
-commit 5d4cf1d00bcc (and 0.18.2 from its tag) and installs each, with triton (0.18+ imports it), as such a
-folder. A version that is not installed skips its test.
+It runs in the production env's Python with the lock's packages: `make test` builds `.venv-verl` (Python
+3.12, torch, megatron-core 0.19.2, verl, transformers, hydra and what they need at the lock's versions, then
+megatron-bridge --no-deps as stage 2 does). Transformer Engine's torch extension has no wheel (nvcc), so a
+CPU stand-in lets megatron.bridge's LoRA module import (tests/fixtures/cpu_te_stub.py); nothing in the build
+calls it. Without `.venv-verl` the build tests skip, saying how to make it.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
+from sweflow.envlock import read_pins
 from sweflow.models.megatron_qwen35 import (
     QWEN35_4B,
     gdn_cp_problem,
     layer_kinds,
+    save_hf_config,
     transformer_config_kwargs,
     version_tuple,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV_FILE = ROOT / "envs" / "train-verl.yaml"
-DOCKERFILE = ROOT / "envs" / "train-verl.Dockerfile"
-GDN_CP_REFUSAL = (
-    "Gated delta net does not support context parallel for now, but got self.context_parallel_size=4."
-)
-
-
-def pins(text: str) -> dict[str, str]:
-    """The megatron-core version and the megatron-bridge / mbridge sources a requirements text names."""
-    found = {
-        "megatron-core": re.findall(r"megatron-core==([0-9][\w.]*)", text),
-        "megatron-bridge": re.findall(r"megatron-bridge @ (\S+?)\"?\s", text),
-        "mbridge": re.findall(r"mbridge(?:==| @ )(\S+?)\"?\s", text),
-    }
-    assert all(len(v) == 1 for v in found.values()), found
-    return {k: v[0] for k, v in found.items()}
-
-
-PIN = pins(ENV_FILE.read_text())["megatron-core"]
-
-
-def installations() -> dict[str, str]:
-    """megatron-core version -> the PYTHONPATH prefix that imports it ("" for this interpreter's own)."""
-    found: dict[str, str] = {}
-    for folder in sorted(Path(sys.prefix).glob("megatron-core-*")):
-        for dist in importlib.metadata.distributions(name="megatron-core", path=[str(folder)]):
-            found.setdefault(dist.version, str(folder))
-    try:
-        found[importlib.metadata.version("megatron-core")] = ""
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    return found
-
-
-def installed(match, wanted: str) -> tuple[str, str]:
-    """(version, PYTHONPATH prefix) of an installed megatron-core whose version satisfies `match`, or skip."""
-    found = installations()
-    for version, prefix in sorted(found.items()):
-        if match(version):
-            return version, prefix
-    pytest.skip(
-        f"megatron-core {wanted} not installed (found: {', '.join(sorted(found)) or 'none'}): a --target folder "
-        f"{Path(sys.prefix) / ('megatron-core-' + wanted)} runs it (how: this test module's docstring)"
-    )
-
-
-def run_check(prefix: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (prefix, str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONWARNINGS"] = "ignore"
-    return subprocess.run(
-        [sys.executable, "-m", "sweflow.models.megatron_qwen35", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+LOCK = ROOT / "envs" / "train-verl.lock.txt"
+VERL_PY = ROOT / ".venv-verl" / "bin" / "python"
+MBRIDGE_INDEX = ROOT / ".venv-verl" / "mbridge-index"  # mbridge as the index has it (0.15.1), --target
 
 
 def test_the_hybrid_is_24_gdn_and_8_full_attention_layers_where_transformers_puts_them():
@@ -151,54 +96,81 @@ def test_only_megatron_core_0_19_and_later_trains_gdn_with_context_parallelism()
     assert version_tuple("0.18.0rc3") == (0, 18, 0)
 
 
-def test_the_gpu_env_and_its_container_pin_the_same_megatron_that_trains_gdn_with_cp():
-    env, image = pins(ENV_FILE.read_text()), pins(DOCKERFILE.read_text())
-    assert env == image
-    assert gdn_cp_problem(env["megatron-core"]) is None, env
+def test_the_lock_pins_a_megatron_core_that_trains_gdn_with_context_parallelism():
+    pins = read_pins(LOCK)
+    assert gdn_cp_problem(str(pins["megatron-core"])) is None, pins["megatron-core"]
+
+
+def composed_megatron(**recipe_changes) -> dict:
+    """The production recipe's composed `actor_rollout_ref.actor.megatron` section (sweflow's overrides)."""
+    pytest.importorskip("verl")
+    from sweflow.train.verl_engine import compose_verl_config
+    from tests.unit.test_verl_config import overrides_for, production_recipe
+
+    cfg = compose_verl_config(overrides_for(production_recipe(**recipe_changes)))
+    assert cfg.actor_rollout_ref.model.use_remove_padding is True
+    return OmegaConf.to_container(cfg.actor_rollout_ref.actor.megatron, resolve=True)
+
+
+def verl_build(tmp_path: Path, megatron: dict, *, pythonpath: str = "") -> tuple[int, list[dict], str]:
+    if not VERL_PY.exists():
+        pytest.skip(f"{VERL_PY} is missing: `make {VERL_PY.parent.parent.name}/.installed` builds it")
+    hf = tmp_path / "Qwen3.5-4B"
+    save_hf_config(hf)
+    spec = {"hf_dir": str(hf), "megatron": megatron, "world": 8, "tie_embeddings": True}
+    spec["preload"] = "tests.fixtures.cpu_te_stub"
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(ROOT)) if p)}
+    env.update(PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [str(VERL_PY), "-m", "sweflow.models.verl_build", str(tmp_path / "spec.json"), str(out)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+    reports = json.loads(out.read_text()) if out.exists() else []
+    return proc.returncode, reports, proc.stderr[-3000:]
 
 
 @pytest.mark.slow
-def test_megatron_core_0_16_refuses_gdn_with_context_parallel():
-    version, prefix = installed(lambda v: v.startswith("0.16."), "0.16.1")
-    res = run_check(prefix, "--tp", "2", "--cp", "4")
-    assert res.returncode == 1, (version, res.stdout, res.stderr[-2000:])
-    assert GDN_CP_REFUSAL in res.stderr
-    # the same megatron-core builds it without context parallelism: the refusal is about CP, not the model
-    res = run_check(prefix, "--tp", "2", "--cp", "1")
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert json.loads(res.stdout)["layers"] == {"gdn": 24, "attention": 8}
-
-
-def test_megatron_core_0_18_builds_the_config_but_its_gdn_layer_rejects_cp_comm_type():
-    version, prefix = installed(lambda v: v.startswith("0.18."), "0.18.2")
-    res = run_check(prefix, "--tp", "2", "--cp", "4", "--cp-comm-type", "p2p")
-    assert res.returncode == 1, (version, res.stderr[-2000:])
-    report = json.loads(res.stdout)
-    assert report["context_parallel_size"] == 4
-    assert "unexpected keyword argument 'cp_comm_type'" in report["gdn_layer_kwargs_problem"]
-
-
-def test_the_pinned_megatron_core_builds_qwen35_at_tp2_cp4_with_sequence_parallel():
-    version, prefix = installed(lambda v: v == PIN, PIN)
-    res = run_check(prefix, "--tp", "2", "--cp", "4", "--cp-comm-type", "p2p")
-    assert res.returncode == 0, res.stderr[-2000:]
-    report = json.loads(res.stdout)
-    assert report["megatron_core"] == PIN
-    assert (report["tensor_model_parallel_size"], report["context_parallel_size"]) == (2, 4)
-    assert (
-        report["sequence_parallel"] is True and report["experimental_attention_variant"] == "gated_delta_net"
+def test_verls_own_build_makes_qwen35_at_tp2_cp4_with_the_pinned_megatron(tmp_path):
+    megatron = composed_megatron()
+    assert megatron["use_mbridge"] and not megatron["vanilla_mbridge"] and megatron["use_remove_padding"]
+    rc, reports, err = verl_build(tmp_path, megatron)
+    assert rc == 0 and len(reports) == 8 and all(r["ok"] for r in reports), err
+    assert {r["type"] for r in reports} == {"Qwen35VLModelProvider"}  # Megatron-Bridge's own provider
+    c = reports[0]["config"]
+    assert (c["tensor_model_parallel_size"], c["context_parallel_size"], c["sequence_parallel"]) == (
+        2,
+        4,
+        True,
     )
-    assert report["gdn_layer_kwargs_problem"] is None
-    # its validation is live: CP 16 would leave a TP x CP rank without a whole GDN key head
-    res = run_check(prefix, "--tp", "2", "--cp", "16")
-    assert res.returncode == 1 and "linear_num_key_heads=16 must be a multiple of" in res.stderr, res.stderr[
-        -2000:
+    assert (c["num_layers"], c["hidden_size"], c["ffn_hidden_size"]) == (32, 2560, 9216)
+    assert (c["num_attention_heads"], c["num_query_groups"], c["kv_channels"]) == (16, 4, 256)
+    assert (c["linear_num_key_heads"], c["linear_num_value_heads"]) == (16, 32)
+    assert c["experimental_attention_variant"] == "gated_delta_net"
+    assert c["linear_attention_freq"] == [0 if k == "attention" else 1 for k in layer_kinds()]
+    # the composed override_transformer_config reached the model: the recipe's full uniform recompute
+    assert (c["recompute_granularity"], c["recompute_method"], c["recompute_num_layers"]) == (
+        "full",
+        "uniform",
+        1,
+    )
+    # Megatron-Bridge's per-token loss at CP > 1 is what verl accepts only with padding removal (on above)
+    assert c["calculate_per_token_loss"] is True and c["bf16"] is True
+    assert c["rotary_percent"] == QWEN35_4B.partial_rotary_factor and c["share_embeddings_and_output_weights"]
+
+
+@pytest.mark.slow
+def test_the_stop_41_build_path_fails(tmp_path):
+    """What the check catches: the old overrides (vanilla mbridge, no padding removal) with the mbridge the
+    index has (0.15.1, no Qwen3.5) cannot build the model. mbridge's git pin of stop 41 (641a5a01), which CI
+    cannot fetch, fails the same call with megatron-core 0.19.2 on `async_tensor_model_parallel_allreduce`
+    (measured by hand, 2026-12-07)."""
+    if not (MBRIDGE_INDEX / "mbridge").exists():
+        pytest.skip(f"{MBRIDGE_INDEX} is missing (the Makefile's .venv-verl target installs it)")
+    megatron = {**composed_megatron(), "vanilla_mbridge": True, "use_remove_padding": False}
+    rc, reports, err = verl_build(tmp_path, megatron, pythonpath=str(MBRIDGE_INDEX))
+    assert rc != 0 and reports and not any(r["ok"] for r in reports), err
+    assert "qwen3_5" in reports[0]["error"].lower() or "unregistered" in reports[0]["error"].lower(), reports[
+        0
     ]
-
-
-def test_without_megatron_core_the_check_says_where_it_lives_in_one_line():
-    if "" in installations().values():
-        pytest.skip("this interpreter has megatron-core")
-    res = run_check("", "--tp", "2", "--cp", "4")
-    assert res.returncode == 2
-    assert res.stderr.strip().count("\n") == 0 and "envs/train-verl.yaml" in res.stderr, res.stderr

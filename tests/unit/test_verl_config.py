@@ -81,9 +81,10 @@ def test_production_overrides_compose_and_carry_the_recipe(composed):
     assert (m.tensor_model_parallel_size, m.context_parallel_size) == (2, 4)
     assert m.sequence_parallel is True and m.use_mbridge is True
     assert ref.megatron.context_parallel_size == 4  # the reference follows the actor
-    # Gated DeltaNet: no padding removal, mbridge's own Qwen3.5 provider
-    assert c.actor_rollout_ref.model.use_remove_padding is False and m.use_remove_padding is False
-    assert m.vanilla_mbridge is True
+    # Megatron-Bridge's provider (verl's default path) with padding removal, which its per-token loss at
+    # CP > 1 needs (test_megatron_qwen35.py builds it the way verl does); the HF weights load through it
+    assert c.actor_rollout_ref.model.use_remove_padding is True and m.use_remove_padding is True
+    assert m.vanilla_mbridge is False and m.use_dist_checkpointing is False
     # lengths: context 16,384 x CP 4 = 65,536 (vLLM's max_model_len; the response slots hold a whole
     # sample after its first prompt), 16,000 per call (the rollout spec's sampling, not verl's)
     assert rollout.max_model_len == 65536 == actor.ppo_max_token_len_per_gpu * m.context_parallel_size
