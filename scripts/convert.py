@@ -28,4 +28,6 @@ with from_snakemake(smk, f"{smk.scriptdir}/convert.py"):
         limit=p.limit,
         max_problem_statement_chars=smk.params.max_problem_statement_chars,
         workers=smk.threads,
+        allow_empty=smk.config["allow_empty"],  # operational: not a param
+        listing=f"results/{smk.wildcards.dataset}/images.txt",
     )

@@ -85,3 +85,8 @@ class TrainError(SweflowError):
 
 class SmithError(SweflowError):
     """A SWE-smith repository profile, candidate, validation run or task could not be used."""
+
+
+class EmptyResultError(SweflowError):
+    """A stage produced nothing usable (0 templates, 0 rows converted, 0 tasks valid) and `allow_empty`
+    does not say that is expected."""

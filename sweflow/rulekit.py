@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 import threading
 import time
@@ -149,3 +150,61 @@ def cancel_scheduler_timers(source: str = SCHEDULER_SOURCE) -> int:
     if n:
         log.debug("cancelled %d scheduler timer(s)", n)
     return n
+
+
+# ----- a stage that made nothing usable ends the run (config `allow_empty` says when that is expected) -----
+# What to do about the most common reason, by its words; the first match wins.
+_MISSING_IMAGE = re.compile(
+    r"(?<!template )image not found|no such image|pull access denied|manifest unknown|repository does not exist",
+    re.I,
+)
+
+
+def empty_allowed(allow_empty: bool | Sequence[str] | None, stage: str) -> bool:
+    """Whether the config's `allow_empty` (true, or a list of stage names) lets `stage` end empty."""
+    if isinstance(allow_empty, bool) or allow_empty is None:
+        return bool(allow_empty)
+    return stage in allow_empty
+
+
+def what_to_do(reason: str, *, images: Sequence[str] = (), listing: str | None = None) -> str:
+    """The one thing to do about a reason: pull a missing image, fix the harness, or read the log."""
+    if _MISSING_IMAGE.search(reason):
+        cmd = f"docker pull {images[0]}" if images else "docker pull <image>"
+        every = f"; all of them: xargs -n1 docker pull < {listing}" if listing else ""
+        return f"pull the images: {cmd}{every}"
+    if reason.startswith("harness:"):
+        return "check harness.package and harness.extra_repos"
+    return "see the rule's log for each item's reason"
+
+
+def check_not_empty(
+    stage: str,
+    *,
+    kept: int,
+    total: int,
+    what: str,
+    reasons: Sequence[tuple[str, str]],
+    allow_empty: bool | Sequence[str] | None,
+    listing: str | None = None,
+) -> None:
+    """Raise EmptyResultError when `stage` kept none of its `total` items (`what`: "rows converted"), unless
+    `allow_empty` names it. `reasons`: (item, reason) of each item left out; the item (an image name) is cut
+    out of its reason so that one reason counts once. Call it before writing the stage's outputs."""
+    from collections import Counter
+
+    from .errors import EmptyResultError
+
+    if kept or empty_allowed(allow_empty, stage):
+        return
+    counts = Counter(" ".join(r.replace(item, "<image>").split()) if item else r for item, r in reasons)
+    reason, why = "", "; the stage before it passed on nothing"
+    if counts:
+        reason, n = counts.most_common(1)[0]
+        why = f"; most common reason ({n} of {total}): {reason}"
+    images = [item for item, r in reasons if item and _MISSING_IMAGE.search(r)]
+    hint = what_to_do(reason, images=images, listing=listing) if reason else "check the stage before it"
+    raise EmptyResultError(
+        f"{stage}: 0 of {total} {what}{why}",
+        hint=f"{hint}; or, if that is expected, set allow_empty: [{stage}]",
+    )

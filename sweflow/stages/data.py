@@ -16,7 +16,7 @@ from ..dataset.hub_client import copy_offline, download_file, hub_endpoint_env, 
 from ..dataset.image_names import ImageNaming, group_by_image
 from ..dataset.splits import apply_limit, load_split
 from ..errors import ConfigError, DatasetError
-from ..rulekit import from_snakemake
+from ..rulekit import check_not_empty, from_snakemake
 from ..schema import default, defaults
 from ..util import (
     atomic_write,
@@ -235,9 +235,13 @@ def template_map(
     failures_out: str | os.PathLike,
     *,
     prebuilt: bool = default("sandbox.prebuilt"),
+    allow_empty: bool | Sequence[str] = default("allow_empty"),
+    listing: str | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Aggregate per-image build records into {image: template} and {image: failure reason}. `prebuilt`:
-    `records` is list_images' listing and every image is its own template (no build record per image)."""
+    `records` is list_images' listing and every image is its own template (no build record per image).
+    No template at all raises EmptyResultError naming the most common failure (and nothing is written),
+    unless `allow_empty` (the config key) names template_map; `listing` (images.txt) goes into its hint."""
     mapping, failures = {}, {}
     if prebuilt:
         for listing in records:
@@ -253,6 +257,17 @@ def template_map(
             mapping[image] = rec["template"]
         else:
             failures[image] = f"{rec.get('step', 'build')}: {rec.get('error', 'unknown error')}"
+    for image, reason in sorted(failures.items()):
+        log.warning("no template for %s: %s", image, reason)
+    check_not_empty(
+        "template_map",
+        kept=len(mapping),
+        total=len(mapping) + len(failures),
+        what="images have a template",
+        reasons=sorted(failures.items()),
+        allow_empty=allow_empty,
+        listing=listing,
+    )
     atomic_write_json(map_out, dict(sorted(mapping.items())))
     atomic_write_json(failures_out, dict(sorted(failures.items())))
     log.info("template map: %d templates, %d failed builds", len(mapping), len(failures))
@@ -293,10 +308,14 @@ def convert(
     limit: int | None = None,
     max_problem_statement_chars: int | None = None,
     workers: int = 1,
+    allow_empty: bool | Sequence[str] = default("allow_empty"),
+    listing: str | None = None,
 ) -> dict[str, Any]:
     """Convert one split to the training JSONL (atomic, byte-identical on rerun) and write a report listing
     each skipped row (file, row, field, reason: a failed template build or a row the harness cannot handle).
-    `workers`: processes converting runs of rows (the same bytes with any number)."""
+    `workers`: processes converting runs of rows (the same bytes with any number). No row converted raises
+    EmptyResultError naming the most common reason (nothing is written) unless `allow_empty` names convert;
+    `listing` (images.txt) goes into its hint."""
     from ..dataset.convert import convert_split
 
     instances, _ = load_split(
@@ -312,12 +331,22 @@ def convert(
         source_file=str(parquet),
         workers=workers,
     )
+    total = len(instances)
     del instances  # the rows are in the lines now: not held while they are written
+    for s in result.skipped:
+        log.warning("skipped %s: row %s: field %r: %s", s["file"], s["row"], s["field"], s["reason"])
+    check_not_empty(
+        "convert",
+        kept=len(result.lines),
+        total=total,
+        what=f"rows of split {opts.split} converted",
+        reasons=[(s.get("image") or "", s["reason"]) for s in result.skipped],
+        allow_empty=allow_empty,
+        listing=listing,
+    )
     atomic_write_lines(out, result.lines)
     report = {"split": opts.split, "rows": len(result.lines), "skipped": result.skipped}
     atomic_write_json(report_out, report)
-    for s in result.skipped:
-        log.warning("skipped %s: row %s: field %r: %s", s["file"], s["row"], s["field"], s["reason"])
     log.info("converted %d rows, %d skipped", len(result.lines), len(result.skipped))
     return report
 

@@ -11,14 +11,14 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError, ProvenanceError
+from ..errors import DatasetError, EmptyResultError, ProvenanceError
 from ..grading.evaluate import EvalResult, eval_network, evaluate_patch, write_evidence
 from ..grading.task_validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, VERDICTS, validate_task
-from ..rulekit import from_snakemake
+from ..rulekit import check_not_empty, from_snakemake
 from ..sandbox.base import Provider
 from ..sandbox.registry import provider_from_config
 from ..sandbox.settings import NetworkSettings, SandboxSettings
@@ -188,6 +188,7 @@ def summarize(
     dataset: str = "",
     split: str = "",
     reopen_errors: bool = False,
+    allow_empty: bool | Sequence[str] = default("allow_empty"),
 ) -> dict[str, Any]:
     """Write the summary report and ``tasks.valid.jsonl`` (the JSONL's own lines, in order, valid ones only).
 
@@ -196,7 +197,9 @@ def summarize(
     no result file is one too, reason ``no validation result``). With ``reopen_errors`` (the rule) each
     error task's result file and its provenance record are removed once the summary is written; after the
     run, ``reopen_summaries`` dates such a summary back, so the next run re-runs it, which first
-    re-validates the removed tasks (and only those).
+    re-validates the removed tasks (and only those). No task valid raises EmptyResultError naming the
+    most common verdict and reason (nothing is written; error tasks are reopened all the same) unless
+    `allow_empty` (the config key) names validation_summary.
     """
     by_id: dict[str, dict[str, Any]] = {}
     paths: dict[str, Path] = {}
@@ -227,6 +230,25 @@ def summarize(
         "broken": broken,
         "errors": errors,
     }
+    if not kept:
+        for b in broken + errors:
+            log.warning("%s: %s (%s)", b["instance_id"], b["verdict"], b["reason"])
+        try:
+            check_not_empty(
+                "validation_summary",
+                kept=0,
+                total=len(rows),
+                what=f"tasks of split {split} valid" if split else "tasks valid",
+                reasons=[
+                    ("", f"{t['verdict']}: {t['reason']}" if t["reason"] else t["verdict"])
+                    for t in broken + errors
+                ],
+                allow_empty=allow_empty,
+            )
+        except EmptyResultError:  # the error tasks are validated again all the same
+            if reopen_errors:
+                _reopen(errors, paths)
+            raise
     atomic_write(valid_out, "".join(kept))
     atomic_write_json(summary_out, summary)
     log.info(
@@ -244,18 +266,23 @@ def summarize(
             "; ".join(f"{e['instance_id']}: {e['reason']}" for e in errors),
         )
         if reopen_errors:
-            from ..provenance.records import record_path
-
-            for e in errors:
-                result = paths.get(e["instance_id"])
-                if result is None:
-                    continue
-                result.unlink(missing_ok=True)
-                try:
-                    record_path(result).unlink(missing_ok=True)
-                except ProvenanceError:  # a result outside the provenance root has no record
-                    pass
+            _reopen(errors, paths)
     return summary
+
+
+def _reopen(errors: list[dict[str, Any]], paths: Mapping[str, Path]) -> None:
+    """Remove each error task's result file and its provenance record: the next run validates it again."""
+    from ..provenance.records import record_path
+
+    for e in errors:
+        result = paths.get(e["instance_id"])
+        if result is None:
+            continue
+        result.unlink(missing_ok=True)
+        try:
+            record_path(result).unlink(missing_ok=True)
+        except ProvenanceError:  # a result outside the provenance root has no record
+            pass
 
 
 def reopen_summaries(summaries: Iterable[str | os.PathLike]) -> list[str]:
