@@ -19,7 +19,14 @@ from typing import Any
 
 from ..errors import EvalError
 from ..harness import driver
-from ..harness.grader import HOST_SCRIPT, HostGrader, host_eval_command, host_eval_script, row_eval_script
+from ..harness.grader import (
+    HOST_SCRIPT,
+    HostGrader,
+    host_eval_command,
+    host_eval_script,
+    row_eval_script,
+    sealed,
+)
 from ..sandbox.base import Provider, Sandbox
 from ..sandbox.logged import TRUNCATED_NOTE
 from ..sandbox.settings import NetworkSettings
@@ -331,7 +338,7 @@ def evaluate_patch(
             )
             host_script = canary_place.inject(host_script, planted, start)
             timings["canary_s"] = round(time.monotonic() - tc, 3)
-        sb.write_file(HOST_SCRIPT, host_script)
+        sb.write_file(HOST_SCRIPT, sealed(host_script, start, instance_id=metadata.get("instance_id")))
         timings["setup_s"] = round(time.monotonic() - t1, 3)
         t2 = time.monotonic()
         left = deadline - time.monotonic()

@@ -7,6 +7,7 @@ grades it with the same driver the sandbox program embeds.
 
 from __future__ import annotations
 
+import re
 import shlex
 import threading
 from collections.abc import Mapping
@@ -63,6 +64,31 @@ def host_eval_script(script: str, *, instance_id: str | None = None) -> str:
     lines[hits[0]] = f"{RC_VAR}=$?"
     body = "\n".join(lines).rstrip("\n")
     return body + f'\nexit "${{{RC_VAR}:-1}}"\n'
+
+
+# The shell that runs the host script holds all of it in memory (the test patch, the planted canaries), and the
+# tested code runs as that shell's child: it could read its ancestor's memory (/proc/<pid>/mem) and tell the
+# host's canaries from the row's tests. ``sealed`` ends the setup part with an ``exec`` of a fresh shell that is
+# handed only the test section: from the start-of-test-output line on, no process above the tests holds the
+# setup. Exported variables (the activated env) and the working folder carry over; shell options are set again.
+def sealed(script: str, start_marker: str | None, *, instance_id: str | None = None) -> str:
+    """`script` whose test section runs in a new shell that replaces the one that ran the setup."""
+    if not start_marker:
+        return script
+    lines = script.split("\n")
+    at = [i for i, ln in enumerate(lines) if start_marker in ln and "<<" not in ln]
+    if not at:
+        raise EvalError(
+            "the eval script has no start-of-test-output line to run the tests from",
+            row=instance_id,
+            field="blackbox_execute_cmds.after_agent",
+        )
+    options = [ln for ln in lines[: at[0]] if re.match(r"\s*set\s+[-+]", ln)]
+    tail = "\n".join(options + lines[at[0] :])
+    # no trace of the exec line: it holds the test section's text, markers included, and the log parser takes
+    # the first start-of-test-output line it sees
+    run = f"exec bash --noprofile --norc -c {shlex.quote(tail)} sweflow-tests"
+    return "\n".join([*lines[: at[0]], "{ set +x; } 2>/dev/null", run, ""])
 
 
 # A training row carries the official eval script inside its after-agent evaluator command (packed with the
