@@ -103,6 +103,8 @@ rule problem_statements:
         "../envs/smith.yaml"
     params:
         shards=SMITH["statements"]["shards"],
+        # a result: more tries after a rejected statement give more tasks a statement
+        attempts=SMITH["statements"]["attempts"],
         lm=result_params("smith.lm"),
     script:
         "../scripts/problem_statements.py"

@@ -10,5 +10,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/problem_statements.py"):
         smk.params.shards,
         smk.output.statements,
         lm=smk.config["smith"]["lm"],  # the real section: params hold it with credentials redacted
-        attempts=smk.config["smith"]["statements"]["attempts"],  # operational: not a param
+        attempts=smk.params.attempts,
     )

@@ -78,3 +78,20 @@ def test_a_carried_key_is_a_param_of_exactly_the_rules_that_write_it():
         ref = "".join(f'["{p}"]' for p in path)
         readers = sorted(name for name, body in blocks.items() if ref in body.split("params:", 1)[-1])
         assert readers == sorted(names), (path, readers)
+
+
+def test_a_key_that_changes_what_an_artifact_holds_is_a_result_and_a_param_of_its_rule():
+    """sft.collect.attempts is the expert's attempts per task (k): 2 -> 3 must rerun the collection, whose
+    params carry result_params("sft.collect"); smith.statements.attempts decides which tasks get a statement."""
+    cfg = load_config()
+    for key in ("sft.collect.attempts", "smith.statements.attempts"):
+        assert params.kind_of(key) == "result", key
+    collect = params.section(cfg, "sft.collect")
+    more = {**collect, "attempts": collect["attempts"] + 1}
+    assert params.result_values(more, "sft.collect") != params.result_values(collect, "sft.collect")
+    assert params.operational_values(more, "sft.collect") == params.operational_values(collect, "sft.collect")
+    rules = Path(params.KEYS).parents[1] / "rules"
+    text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(rules.glob("*.smk")))
+    blocks = dict(re.findall(r"^(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n|\n)*)", text, re.M))
+    assert 'result_params("sft.collect")' in blocks["collect_trajectories"].split("params:", 1)[1]
+    assert 'SMITH["statements"]["attempts"]' in blocks["problem_statements"].split("params:", 1)[1]
