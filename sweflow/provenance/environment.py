@@ -28,10 +28,11 @@ SOFTWARE = (
 )
 
 
-@functools.lru_cache(maxsize=1)
-def sweflow_tree_sha256() -> str:
-    """Hash of the installed sweflow package's files (bytecode caches excluded)."""
-    pkg = Path(sweflow.__file__).resolve().parent
+@functools.lru_cache(maxsize=8)
+def sweflow_tree_sha256(subpackage: str = "") -> str:
+    """Hash of the installed sweflow package's files (bytecode caches excluded); with `subpackage` ("train"),
+    of that subpackage's files only."""
+    pkg = Path(sweflow.__file__).resolve().parent.joinpath(*subpackage.split(".") if subpackage else ())
     h = hashlib.sha256()
     for f in sorted(pkg.rglob("*")):
         if (

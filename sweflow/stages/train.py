@@ -1,8 +1,8 @@
 """The train stage (rules/train.smk) as plain functions: model preparation (resolve, download, Megatron
 checkpoint), the optional warm start, and the GRPO run on the validated tasks of one split.
 
-The run's folder is results/<dataset>/grpo/<run>/: an interrupted run that Snakemake reruns resumes from
-its last checkpoint; a changed recipe starts over (see above `train_grpo_step`).
+The run's folder is results/<dataset>/grpo/<run>/: a rerun resumes from its last complete checkpoint while
+what makes its result is unchanged, and starts over, saying what changed, when not (see `train_grpo_step`).
 """
 
 from __future__ import annotations
@@ -195,16 +195,30 @@ def select_instances(
     return [r for r in rows if r["metadata"]["instance_id"] in wanted]
 
 
-def _prepare_work(run_dir: Path, recipe_json: str) -> Path:
-    """The run's working folder; emptied when it holds another recipe's state."""
+def _prepare_work(run_dir: Path, fingerprint: Mapping[str, Any]) -> Path:
+    """The run's working folder; emptied, with one log line naming what changed, when its checkpoints were
+    made from other inputs (`sweflow.train.resume.run_fingerprint`, kept as work/recipe.json)."""
+    from ..train.resume import fingerprint_changes
+
     work = run_dir / "work"
     marker = work / "recipe.json"
-    if marker.exists() and marker.read_text() != recipe_json:
-        log.warning("the recipe changed: starting %s over", run_dir)
+    text = stable_json(fingerprint) + "\n"
+    if marker.exists() and marker.read_text() != text:
+        try:
+            old = json.loads(marker.read_text())
+        except ValueError:
+            old = None
+        changes = fingerprint_changes(old, fingerprint) or ["its fingerprint"]
+        log.warning(
+            "starting %s over at step 0: %s changed since its checkpoints", run_dir, "; ".join(changes)
+        )
+        shutil.rmtree(work)
+    elif work.exists() and not marker.exists() and any(work.iterdir()):
+        log.warning("starting %s over at step 0: its state has no fingerprint (work/recipe.json)", run_dir)
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     if not marker.exists():
-        atomic_write(marker, recipe_json)
+        atomic_write(marker, text)
     return work
 
 
@@ -241,8 +255,9 @@ def _checkpoints(work: Path) -> list[dict[str, Any]]:
 
 # The run's folder is results/<dataset>/grpo/<run>/. Its declared outputs (summary.json, metrics.jsonl,
 # rollouts/, final/) are published at the end; the working state (work/: checkpoints/, the live metrics.jsonl
-# and rollouts/) is not an output, so an interrupted run that Snakemake reruns resumes from its last
-# checkpoint. A changed recipe (work/recipe.json differs) starts over.
+# and rollouts/) is not an output, so an interrupted run that Snakemake reruns resumes from its last complete
+# checkpoint. Changed starting weights, task rows, result keys or training code (work/recipe.json, see
+# sweflow.train.resume) start it over; an operational knob does not.
 def train_grpo_step(
     tasks: str | os.PathLike,
     model_dir: str | os.PathLike,
@@ -259,6 +274,7 @@ def train_grpo_step(
     `outputs`: summary, metrics, rollouts, final (paths of the rule's declared outputs).
     """
     from ..train.recipe import Recipe, check_recipe
+    from ..train.resume import run_fingerprint
 
     recipe = Recipe.from_config(train)
     check_recipe(recipe)
@@ -270,7 +286,10 @@ def train_grpo_step(
         raise TrainError(problem[0], field=problem[1], hint=problem[2])
     rows = select_instances(read_tasks(tasks), train.get("instances"), str(tasks))
     run_dir = Path(outputs["summary"]).parent
-    work = _prepare_work(run_dir, stable_json(recipe.to_dict()))
+    fingerprint = run_fingerprint(
+        train=train, sandbox=sandbox, provider=provider, rows=rows, model_dir=model_dir
+    )
+    work = _prepare_work(run_dir, fingerprint)
     result = ENGINES[recipe.engine](
         EngineRun(recipe, tasks, rows, model_dir, work, train, proxy, settings, provider, megatron_dir)
     )
@@ -283,6 +302,7 @@ def train_grpo_step(
         "task_ids": [r["metadata"]["instance_id"] for r in rows],
         "recipe": recipe.to_dict(),
         "template_map_sha256": sha256_file(template_map),
+        "starting_weights_sha256": fingerprint["weights"],
         "metrics_steps": len(metrics),
         "samples": sum(m.get("samples", 0) for m in metrics),
         "aborted": sum(m.get("aborted", 0) for m in metrics),

@@ -74,8 +74,11 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
     )
     """TRL in this process (world size 1), or in `world size` processes (sweflow.train.launch)."""
     from . import launch
+    from .resume import last_complete_checkpoint
     from .worker import trl_in_process
 
+    # a save cut off by a kill is removed here, by one process, before any rank looks for its checkpoint
+    last_complete_checkpoint(work / "checkpoints", remove_partial=True)
     plan = launch.plan(recipe, python=sys.executable, job_id=os.environ.get("SLURM_JOB_ID") or None)
     if plan.argv is None:
         return trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider)
@@ -189,6 +192,9 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
     )
     launcher = work / "launch.sh"
     atomic_write(launcher, script)
+    # verl resumes from the step its tracker file names, written after a save completed (resume_mode auto)
+    done = ve.latest_checkpoint_step(work / "checkpoints")
+    log.info("verl %s", f"resumes from global_step_{done}" if done else "starts at step 0")
     proc = subprocess.run(["bash", str(launcher)], check=False)
     if proc.returncode != 0:
         raise TrainError(

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..util import atomic_write
+from ..util import atomic_write, replace_folder
 from .recipe import Recipe
 
 log = logging.getLogger("sweflow.train")
@@ -136,20 +137,29 @@ def train_trl(
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     out = Path(out_dir)
     ckpt_dir = out / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    last = get_last_checkpoint(str(ckpt_dir)) if any(ckpt_dir.iterdir()) else None
+    from .resume import last_complete_checkpoint
+
+    found = last_complete_checkpoint(ckpt_dir)
+    last = str(found) if found else None
     resumed_from = None
-    if last:
-        state = json.loads((Path(last) / "trainer_state.json").read_text())
+    max_steps = recipe.total_steps * recipe.updates_per_step
+    if found:
+        state = json.loads((found / "trainer_state.json").read_text())
         resumed_from = int(state["global_step"])
         trim_metrics(out / "metrics.jsonl", resumed_from)
+        if resumed_from >= max_steps:
+            log.info("the run is complete (%s, update %d of %d) and made from the same inputs: reusing its "
+                     "final weights", found.name, resumed_from, max_steps)  # fmt: skip
+        else:
+            log.info("resuming from %s (update %d of %d)", found.name, resumed_from, max_steps)
     else:
         (out / "metrics.jsonl").unlink(missing_ok=True)
+        log.info("starting at update 0 of %d", max_steps)
     data = Dataset.from_list(
         [{"prompt": r["prompt"], "sweflow_row": json.dumps(r, sort_keys=True)} for r in rows]
     )
@@ -176,10 +186,14 @@ def train_trl(
     t0 = time.monotonic()
     with trainer.rollouts:
         result = trainer.train(resume_from_checkpoint=last)
-    final = out / "final"
-    trainer.save_model(str(final))  # the main process writes (the others return)
+    # written beside, then renamed: a kill during the save leaves the last final folder or none, never a mix
+    final, tmp = out / "final", out / "final.tmp"
     if trainer.accelerator.is_main_process:
-        tokenizer.save_pretrained(str(final))
+        shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(str(tmp))  # the main process writes (the others return)
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(str(tmp))
+        replace_folder(tmp, final)
     return {
         "engine": "trl",
         "steps": int(trainer.state.global_step),

@@ -315,6 +315,21 @@ class SweflowGRPOTrainer(GRPOTrainer):
             sample_weight=torch.tensor([x["weight"]], device=dev),
         )
 
+    # ---------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        from .resume import write_checkpoint_marker
+
+        super()._save_checkpoint(model, trial)
+        # every process has written its part (RNG states, shards) before the marker says the folder is whole
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            folder = (
+                Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            write_checkpoint_marker(folder, int(self.state.global_step))
+
     # ---------------------------------------------------------------- metrics
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         super().log(logs, start_time)

@@ -18,15 +18,20 @@ def test_no_valid_task_is_one_clear_error(tmp_path):
     assert str(empty) in err.value.one_line() and "no valid task" in err.value.one_line()
 
 
-def test_a_changed_recipe_starts_the_run_over_and_the_same_one_keeps_its_state(tmp_path):
-    work = stage._prepare_work(tmp_path, '{"lr": 1}')
+def test_a_changed_fingerprint_starts_the_run_over_saying_what_changed_and_the_same_one_keeps_its_state(
+    tmp_path, caplog
+):
+    same = {"format": 2, "recipe": {"optim": {"lr": 1}}, "weights": "w1", "tasks": "t1"}
+    work = stage._prepare_work(tmp_path, same)
     (work / "checkpoints").mkdir()
     (work / "checkpoints" / "checkpoint-3").mkdir()
-    assert stage._prepare_work(tmp_path, '{"lr": 1}') == work
+    assert stage._prepare_work(tmp_path, dict(same)) == work
     assert (work / "checkpoints" / "checkpoint-3").exists()  # resumable
-    stage._prepare_work(tmp_path, '{"lr": 2}')
+    with caplog.at_level("WARNING", logger="sweflow.train"):
+        stage._prepare_work(tmp_path, {**same, "recipe": {"optim": {"lr": 2}}, "weights": "w2"})
     assert not (work / "checkpoints").exists()
-    assert (work / "recipe.json").read_text() == '{"lr": 2}'
+    assert '"w2"' in (work / "recipe.json").read_text()
+    assert "the recipe (train.optim.lr); the starting weights changed" in caplog.text
 
 
 def test_an_e2b_run_without_a_public_proxy_url_stops_before_anything_starts(tmp_path):
