@@ -31,6 +31,7 @@ ACTOR_NAME = "sweflow-proxy-gateway"
 NAMESPACE = "sweflow"  # one Ray cluster per run (the launch script starts it), so one gateway per namespace
 HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives its head node only
 MAX_BODY_BYTES = 8 << 20  # the proxy's own limit (ProxyConfig.max_body_bytes)
+CLIENT_TIMEOUT = 120.0  # the public side: seconds a request (headers, body) may take to arrive
 UPSTREAM_TIMEOUT = 3600.0  # one generation may stream for minutes; a hung worker must not hold a thread
 _ROUTE = re.compile(r"^/w/([A-Za-z0-9_-]{16,64})(/v1/messages(?:/count_tokens)?)(\?[^#]*)?$")
 _HELD: list[Any] = []  # this process's handle to the gateway actor, for the process's lifetime
@@ -48,6 +49,7 @@ class Gateway:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = CLIENT_TIMEOUT  # a client that stalls mid-request does not hold its thread for long
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 gateway.forward(self)
