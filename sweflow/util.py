@@ -137,6 +137,15 @@ def write_folder(path: str | os.PathLike, files: Mapping[str, bytes | str]) -> P
         shutil.rmtree(tmp, ignore_errors=True)  # gone already when it was renamed into place
 
 
+def common_prefix_length(a: list, b: list) -> int:
+    """How many leading items `a` and `b` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 def sha256_bytes(data: bytes | str) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8")

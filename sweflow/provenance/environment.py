@@ -7,6 +7,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,17 @@ def _git_state_of(top: str) -> dict[str, Any] | None:
 
 def software_versions() -> dict[str, str]:
     """Python and the installed versions of the packages in SOFTWARE (metadata only; nothing is imported)."""
-    out = {"python": platform.python_version(), "sweflow": sweflow.__version__}
-    for dist in SOFTWARE:
+    return {
+        "python": platform.python_version(),
+        "sweflow": sweflow.__version__,
+        **installed_versions(SOFTWARE),
+    }
+
+
+def installed_versions(dists: Iterable[str]) -> dict[str, str]:
+    """The installed version of each of `dists` that is installed (metadata only; nothing is imported)."""
+    out = {}
+    for dist in dists:
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

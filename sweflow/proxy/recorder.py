@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sweflow.proxy.tito import LineageBook
+from sweflow.util import common_prefix_length
 
 
 @dataclass
@@ -50,14 +51,6 @@ class LinearizeConfig:
 
     max_drift_tokens: int = 8
     include_aborted: bool = False
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class _Builder:
@@ -147,7 +140,7 @@ def _fold(turns: list[Turn], cfg: LinearizeConfig) -> list[_Builder]:
     for turn in turns:
         if current is not None:
             seq = current.token_ids
-            keep = _common_prefix(seq, turn.prompt_ids)
+            keep = common_prefix_length(seq, turn.prompt_ids)
             if keep == len(seq):
                 current.extend_from(turn, keep)
                 continue

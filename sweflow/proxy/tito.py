@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweflow.proxy import qwen35_template as q35
+from sweflow.util import common_prefix_length
 
 log = logging.getLogger("sweflow.proxy")
 
@@ -240,14 +241,6 @@ def _same_answer(echoed: dict, answer: dict) -> bool:
     }
 
 
-def _common_length(a: list[dict], b: list[dict]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 # The cost of a call is the cost of converting its messages to chat form and comparing them with each
 # lineage's once (no tokenisation of the history), so it does not grow with the prompt's token count.
 class LineageBook:
@@ -277,7 +270,7 @@ class LineageBook:
             if chat[0:1] != lin_chat[0:1]:
                 reason = "system_changed" if reason == "history_rewrite" else reason
                 continue
-            same = _common_length(chat, lin_chat)
+            same = common_prefix_length(chat, lin_chat)
             # Only the deepest call whose answer the request echoes can fit: for an earlier one, the
             # messages after its answer hold a later answer, which no append may.
             at = next(

@@ -7,7 +7,6 @@ A run resumes only while its fingerprint is unchanged and only from a complete c
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import os
@@ -66,15 +65,9 @@ def weights_sha256(model_dir: str | os.PathLike) -> str:
 
 def code_fingerprint() -> dict[str, Any]:
     """The sweflow.train sources' hash and the versions of the training libraries installed."""
-    from ..provenance.environment import sweflow_tree_sha256
+    from ..provenance.environment import installed_versions, sweflow_tree_sha256
 
-    out: dict[str, Any] = {"sweflow.train": sweflow_tree_sha256("train")}
-    for dist in TRAINING_LIBRARIES:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return out
+    return {"sweflow.train": sweflow_tree_sha256("train"), **installed_versions(TRAINING_LIBRARIES)}
 
 
 def recipe_values(train: Mapping[str, Any]) -> dict[str, Any]:
