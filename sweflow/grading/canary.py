@@ -12,8 +12,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-RUNNER_TAMPERED = "runner_tampered"
-RUNNER_NOT_FINISHED = "runner_not_finished"
+from .reasons import RUNNER_NOT_FINISHED, RUNNER_TAMPERED
+
 MUST_FAIL, MUST_PASS = "fail", "pass"
 PYTEST, DJANGO, SYMPY = "pytest", "django", "sympy"
 P2P, F2P = "p2p", "f2p"  # what a canary is cloned from

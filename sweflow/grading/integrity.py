@@ -353,7 +353,8 @@ def scan_tool_calls(
 
 
 def apply_integrity(result: RewardResult, violations: list[Violation]) -> RewardResult:
-    """Zero the reward when any violation exists; reason ``integrity_violation:<first rule>``."""
+    """Zero the reward when any violation exists (a price below 0 stays); reason
+    ``integrity_violation:<first rule>``."""
     if not violations:
         return result
     details = dict(result.details)
@@ -361,7 +362,7 @@ def apply_integrity(result: RewardResult, violations: list[Violation]) -> Reward
     details["tests_resolved"] = result.resolved
     return replace(
         result,
-        reward=0.0,
+        reward=min(0.0, result.reward),
         resolved=False,
         failure_reason=f"integrity_violation:{violations[0].rule}",
         details=details,

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweflow.grading.integrity import DEFAULT_RULES, IntegrityRules, is_test_path
+from sweflow.grading.reasons import (
+    PROHIBITED_TEST_INFRASTRUCTURE,
+    PROHIBITED_TEST_MODIFICATION,
+    SUSPICIOUS_TEST_TAMPERING,
+)
 
-PROHIBITED_TEST_MODIFICATION = "prohibited_test_modification"
-PROHIBITED_TEST_INFRASTRUCTURE = "prohibited_test_infrastructure"
-SUSPICIOUS_TEST_TAMPERING = "suspicious_test_tampering"
 PATCH_TOO_LARGE = "patch_too_large"
 _BINARY_SIZE = re.compile(r"^(?:literal|delta) (\d+)$", re.MULTILINE)
 

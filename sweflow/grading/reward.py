@@ -8,9 +8,10 @@ grading rules behind ``resolved`` are in the comment after the imports.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sweflow.grading.reasons import RUNNER_TAMPERED
 from sweflow.harness.driver import DEFAULT_REWARD_MARKER
 
 # The grading rules behind ``resolved`` (``sweflow.harness.driver.grade``), decided against upstream SWE-bench
@@ -101,3 +102,15 @@ def reward_from_payload(payload: dict[str, Any] | None) -> RewardResult:
 def reward_from_output(output: str, marker: str = DEFAULT_REWARD_MARKER) -> RewardResult:
     """Reward for the evaluator command's stdout: 1.0 only if its marker says resolved."""
     return reward_from_payload(parse_marker(output, marker))
+
+
+def price_tampering(result: RewardResult, tampered: float) -> RewardResult:
+    """The training reward of a graded sample: ``tampered`` (``train.reward.tampered``, <= 0) for a
+    ``runner_tampered`` verdict, else ``result`` as it is.
+
+    At 0 a forger that guesses which tests are the host's loses nothing by guessing wrong; below 0 a guess
+    that is caught costs more than the unresolved 0 it replaces, so guessing loses on average unless it
+    beats the canaries more often than ``-tampered / (1 - tampered)`` of the time."""
+    if result.failure_reason != RUNNER_TAMPERED or result.reward == tampered:
+        return result
+    return replace(result, reward=float(tampered))

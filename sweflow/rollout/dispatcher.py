@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from sweflow.errors import SweflowError
 from sweflow.grading.integrity import apply_integrity, scan_tool_calls, tool_calls_from_turns
 from sweflow.grading.reasons import INFRA_REASONS, PATCH_EXTRACTION_FAILED, PATCH_UNEXTRACTABLE
-from sweflow.grading.reward import RewardResult
+from sweflow.grading.reward import RewardResult, price_tampering
 from sweflow.progress import item_log
 from sweflow.rollout.clients import BlackboxClient, HttpStatusError, ProxyClient
 from sweflow.rollout.evaluator import Evaluator, FreshEvaluator
@@ -362,7 +362,7 @@ class _Rollout:
             # replace its own blackbox server and tell any story).
             calls = tool_calls_from_turns(trajectory.get("turns") or [])
             violations = scan_tool_calls(calls, str(meta.get("repo") or ""), rules=self.cfg.integrity_rules)
-            final = apply_integrity(base, violations)
+            final = apply_integrity(price_tampering(base, self.cfg.tampered_reward), violations)
         return self._result(
             COMPLETED,
             final.failure_reason,

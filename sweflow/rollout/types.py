@@ -50,6 +50,8 @@ class RolloutConfig:
     delete_sessions: bool = True
     integrity_rules: IntegrityRules = DEFAULT_RULES
     eval_network: NetworkSettings | None = None
+    # The reward of a runner_tampered verdict (train.reward.tampered; <= 0), see grading.reward.price_tampering.
+    tampered_reward: float = default("train.reward.tampered")
     # False: collect only (expert trajectories): no evaluation here, the patch text and the proxy's recorded
     # turns are kept in the result, and the patch is graded later in a fresh sandbox by a separate step.
     evaluate: bool = True

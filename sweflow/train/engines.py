@@ -112,6 +112,32 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
             "nodes": [n.name for n in plan.nodes] or None}  # fmt: skip
 
 
+def verl_rollout_spec(
+    recipe: Recipe, *, provider: str, sandbox: SandboxSettings, proxy: ProxySettings
+) -> dict[str, Any]:
+    """The rollout spec verl's agent loop builds its dispatcher from (`verl_agent_loop.build_runtime`):
+    the provider, the sandbox and proxy settings, the dispatcher's settings and the sampling."""
+    return {
+        "provider": provider,
+        # JSON-equal to the validated sections: the spec's bytes do not change
+        "sandbox": sandbox.to_spec(),
+        "proxy": proxy.to_spec(),
+        "rollout": {
+            "max_concurrency": recipe.max_concurrency,
+            "turn_timeout": recipe.turn_timeout,
+            "session_prefix": f"{recipe.run}.",
+            "tampered_reward": recipe.tampered_reward,
+        },
+        "sampling": {
+            "max_new_tokens": recipe.max_response_tokens,  # per call
+            "max_context_tokens": recipe.max_context_tokens,
+            "temperature": recipe.temperature,
+            "top_p": recipe.top_p,
+            "top_k": recipe.top_k,
+        },
+    }
+
+
 # `verl`: verl's synchronous trainer (Megatron + vLLM on Ray) through a generated launch script, then verl's
 # merger for the final Hugging Face checkpoint.
 @engine("verl")
@@ -152,24 +178,7 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
     data.to_parquet(parquet)
     agent_cfg = work / "agent_loop.yaml"
     atomic_write(agent_cfg, ve.agent_loop_config_yaml())
-    spec = {
-        "provider": provider,
-        # JSON-equal to the validated sections: the spec's bytes do not change
-        "sandbox": sandbox.to_spec(),
-        "proxy": proxy.to_spec(),
-        "rollout": {
-            "max_concurrency": recipe.max_concurrency,
-            "turn_timeout": recipe.turn_timeout,
-            "session_prefix": f"{recipe.run}.",
-        },
-        "sampling": {
-            "max_new_tokens": recipe.max_response_tokens,  # per call
-            "max_context_tokens": recipe.max_context_tokens,
-            "temperature": recipe.temperature,
-            "top_p": recipe.top_p,
-            "top_k": recipe.top_k,
-        },
-    }
+    spec = verl_rollout_spec(recipe, provider=provider, sandbox=sandbox, proxy=proxy)
     spec_path = work / "rollout-spec.json"
     atomic_write_json(spec_path, spec)
     overrides = ve.verl_overrides(

@@ -77,6 +77,7 @@ class Recipe:
     parallel: Parallel = field(default_factory=Parallel)
     max_concurrency: int = default("train.rollout.max_concurrency")
     turn_timeout: float | None = default("train.rollout.turn_timeout_sec")
+    tampered_reward: float = default("train.reward.tampered")  # a runner_tampered verdict's reward
     verl: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -137,6 +138,7 @@ class Recipe:
             ),
             max_concurrency=int(t["rollout"]["max_concurrency"]),
             turn_timeout=t["rollout"].get("turn_timeout_sec"),
+            tampered_reward=float((t.get("reward") or {}).get("tampered", default("train.reward.tampered"))),
             verl=dict(t.get("verl") or {}),
         )
 

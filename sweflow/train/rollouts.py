@@ -10,16 +10,18 @@ from __future__ import annotations
 import concurrent.futures
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..grading.reasons import tamper_counts
 from ..proxy import ProxyConfig, ProxyServer
 from ..rollout.clients import HttpProxyClient
 from ..rollout.dispatcher import Dispatcher
 from ..rollout.types import RolloutConfig, RolloutResult
 from ..sandbox.base import Provider
 from ..sandbox.settings import NetworkSettings
+from ..schema import default
 
 
 @dataclass
@@ -132,6 +134,13 @@ def sample_std(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
+def tamper_stats(reasons: Iterable[str | None]) -> dict[str, Any]:
+    """The tamper verdicts among one step's completed samples (their failure reasons): `tampered` (how many)
+    and `tampered_by_reason` (by code, every code present); both engines' metrics.jsonl carry these."""
+    counts = tamper_counts(reasons)
+    return {"tampered": sum(counts.values()), "tampered_by_reason": counts}
+
+
 # `step_stats` gives the rollout half of a metrics.jsonl line.
 def step_stats(records: Sequence[dict]) -> dict[str, Any]:
     """Rollout statistics of one step from its sample records (the counts add up: completed + aborted =
@@ -163,6 +172,7 @@ def step_stats(records: Sequence[dict]) -> dict[str, Any]:
         "zero_variance_group_share": (len(scored) - len(varied)) / len(scored) if scored else None,
         "small_groups": len(groups) - len(scored),
         "integrity_violations": sum(len(r["integrity_violations"]) for r in records),
+        **tamper_stats(r["failure_reason"] for r in done),
         "prompt_tokens": sum(r["prompt_tokens"] for r in records),
         "response_tokens": sum(r["response_tokens"] for r in records),
         "split_sessions": sum(1 for r in records if r["segments"] > 1),
@@ -176,7 +186,8 @@ class PolicyRollouts:
     """One proxy in front of `engine` and a Dispatcher over `provider`; `with PolicyRollouts(...) as pr:`.
 
     `public_url` is the proxy as sandboxes reach it (E2B: a public HTTP(S) URL); None: the listening address
-    (local and Docker sandboxes get a route to exactly that port).
+    (local and Docker sandboxes get a route to exactly that port). `tampered_reward` is the reward of a
+    runner_tampered verdict (`train.reward.tampered`).
     """
 
     def __init__(
@@ -197,6 +208,7 @@ class PolicyRollouts:
         turn_timeout: float | None,
         session_prefix: str,
         eval_network: NetworkSettings,
+        tampered_reward: float = default("train.reward.tampered"),
         token_build_mode: str,
         token_build_model: str,
     ) -> None:
@@ -223,6 +235,7 @@ class PolicyRollouts:
             session_prefix=session_prefix,
             eval_network=eval_network,
             router_url=public_url,
+            tampered_reward=tampered_reward,
         )
         self.dispatcher: Dispatcher | None = None
 

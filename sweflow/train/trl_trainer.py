@@ -367,12 +367,13 @@ class SweflowGRPOTrainer(GRPOTrainer):
             with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line, sort_keys=True) + "\n")
         log.info(
-            "step %d: reward %.3f over %d/%d samples, %d group(s) with gradient, loss %s",
+            "step %d: reward %.3f over %d/%d samples, %d group(s) with gradient, %d tamper verdict(s), loss %s",
             line["step"],
             line.get("reward_mean") or 0.0,
             line.get("completed", 0),
             line.get("samples", 0),
             line.get("groups_with_gradient", 0),
+            line.get("tampered", 0),
             line.get("policy_loss"),
         )
         self._t_rollout_end = time.monotonic()

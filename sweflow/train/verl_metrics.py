@@ -73,7 +73,8 @@ def _verl_log_files(path_in: str | Path) -> list[Path]:
 
 def rollout_log_stats(rollout_dir: str | Path) -> dict[int, dict[str, Any]]:
     """Per-step stats from the agent loop's rollout log folder (`SWEFLOW_ROLLOUT_LOG`): reward_std,
-    resolved_share, zero_variance_group_share over the completed samples, aborted counts by reason."""
+    resolved_share, zero_variance_group_share and the tamper verdicts (`tamper_stats`) over the completed
+    samples, aborted counts by reason."""
     by_step: dict[int, list[dict]] = {}
     for f in sorted(Path(rollout_dir).glob("*.jsonl")) if Path(rollout_dir).is_dir() else []:
         for line in f.read_text(encoding="utf-8").splitlines():
@@ -95,7 +96,7 @@ def rollout_log_stats(rollout_dir: str | Path) -> dict[int, dict[str, Any]]:
             if r.get("aborted"):
                 reason = str(r.get("failure_reason") or "unknown")
                 aborted[reason] = aborted.get(reason, 0) + 1
-        from .rollouts import sample_std
+        from .rollouts import sample_std, tamper_stats
 
         std = sample_std(rewards) if len(rewards) > 1 else None
         out[step] = {
@@ -106,6 +107,7 @@ def rollout_log_stats(rollout_dir: str | Path) -> dict[int, dict[str, Any]]:
             ),
             "aborted": sum(aborted.values()),
             "aborted_by_reason": dict(sorted(aborted.items())),
+            **tamper_stats(r.get("failure_reason") for r in done),
         }
     return out
 

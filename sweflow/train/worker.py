@@ -49,6 +49,7 @@ def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider) -> d
             max_concurrency=recipe.max_concurrency,
             turn_timeout=recipe.turn_timeout,
             session_prefix=f"{recipe.run}.",
+            tampered_reward=recipe.tampered_reward,
             eval_network=sandbox.network,
             token_build_mode=proxy.build_mode,
             token_build_model=proxy.build_model,

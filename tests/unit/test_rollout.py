@@ -365,3 +365,74 @@ def test_fresh_evaluator_gives_each_row_its_configured_network():
     assert res.infra and res.reward == 0.0
     FreshEvaluator(attempts=1).evaluate_patch(prov, "tpl", {**META, "repo": "other/repo"}, "")
     assert prov.networks == ["internet", "internet", "none"]  # an infrastructure failure is retried
+
+
+class TamperedEvaluator(FakeEvaluator):
+    """The fresh evaluation's canaries caught the runner lying: verdict runner_tampered, reward 0."""
+
+    def evaluate_patch(self, provider, template, metadata, patch):
+        from types import SimpleNamespace
+
+        fresh = provider.create(template, timeout=60)
+        self.evaluated.append(fresh.id)
+        fresh.kill()
+        marker = {"resolved": False, "failure_reason": "runner_tampered"}
+        return SimpleNamespace(reward=0.0, resolved=False, failure_reason="runner_tampered", marker=marker,
+                               timings={}, error=None)  # fmt: skip
+
+
+def recipe_with_price(price: float):
+    from sweflow.config import load_config
+    from sweflow.train.recipe import Recipe
+
+    return Recipe.from_config(load_config(overrides={"train": {"reward": {"tampered": price}}})["train"])
+
+
+def test_a_runner_tampered_verdict_gets_the_configured_reward_on_both_engines(env, tok):
+    from sweflow.sandbox.settings import SandboxSettings
+    from sweflow.train.engines import verl_rollout_spec
+    from sweflow.train.proxy_settings import ProxySettings
+    from sweflow.train.rollouts import PolicyRollouts
+    from sweflow.train.verl_agent_loop import RolloutConfig as SpecConfig
+
+    provider, base = env
+    recipe = recipe_with_price(-1.0)
+    assert recipe.tampered_reward == -1.0 and recipe_with_price(0).tampered_reward == 0.0
+    # TRL: the worker's PolicyRollouts carries the recipe's price into its dispatcher
+    with PolicyRollouts(object(), tok, provider, max_new_tokens=8, max_context_tokens=64, temperature=1.0,
+                        top_p=1.0, top_k=0, host="127.0.0.1", port=0, public_url=None, max_concurrency=1,
+                        turn_timeout=None, session_prefix="r.", eval_network=None, token_build_mode="tito",
+                        token_build_model="auto", tampered_reward=recipe.tampered_reward) as pr:  # fmt: skip
+        trl_config = pr.dispatcher.config
+    # verl: the rollout spec the agent loop builds its dispatcher from
+    spec = verl_rollout_spec(recipe, provider="local", sandbox=SandboxSettings.from_config({}),
+                             proxy=ProxySettings.from_config({}))  # fmt: skip
+    verl_config = SpecConfig.from_spec(spec["rollout"], network=None, router_url=None)
+    for config in (trl_config, verl_config):
+        assert config.tampered_reward == -1.0
+        provider.egresses.clear()  # run_one checks the first sandbox's egress
+        result, _, _ = run_one(provider, tok, GOOD, training_row(base), evaluator=TamperedEvaluator(),
+                               config=config)  # fmt: skip
+        assert (result.status, result.failure_reason) == (COMPLETED, "runner_tampered")
+        assert (result.reward, result.resolved) == (-1.0, False)
+        assert result.training_samples()[0]["reward"] == -1.0
+        assert result.evaluation["reward"] == 0.0, "the grade itself is kept as it was"
+    # the recipe's default is 0: a caught forger scores as any unresolved sample
+    provider.egresses.clear()
+    result, _, _ = run_one(provider, tok, GOOD, training_row(base), evaluator=TamperedEvaluator())
+    assert (result.failure_reason, result.reward) == ("runner_tampered", 0.0)
+
+
+def test_an_integrity_violation_keeps_the_tamper_price_and_other_failures_pay_nothing():
+    from sweflow.grading.integrity import Violation, apply_integrity
+    from sweflow.grading.reward import RewardResult, price_tampering
+
+    caught = RewardResult(0.0, False, "runner_tampered", {})
+    assert price_tampering(caught, -0.5).reward == -0.5
+    assert price_tampering(caught, 0.0) is caught
+    for other in (RewardResult(0.0, False, "fail_to_pass_failure", {}), RewardResult(1.0, True, None, {})):
+        assert price_tampering(other, -0.5) is other
+    v = Violation(rule="test_edit", index=2, tool="Edit", detail="tests/test_calc.py")
+    both = apply_integrity(price_tampering(caught, -0.5), [v])
+    assert (both.reward, both.failure_reason) == (-0.5, "integrity_violation:test_edit")
+    assert apply_integrity(RewardResult(1.0, True, None, {}), [v]).reward == 0.0

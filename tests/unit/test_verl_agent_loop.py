@@ -353,3 +353,20 @@ def test_fresh_evaluations_get_the_configured_network_as_on_the_trl_engine():
     assert cfg.max_concurrency == 3 and cfg.router_url == "http://proxy:1"
     none = SandboxSettings.from_config({}).network
     assert val.RolloutConfig.from_spec({}, network=none, router_url=None).eval_network.eval == "none"
+
+
+def test_a_caught_forger_is_scored_the_price_and_counted_as_a_tamper_verdict(trainer_config, tmp_path):
+    from sweflow.train.verl_metrics import rollout_log_stats
+
+    sm = ScriptedServerManager([[11, 2], [13, 2]])
+
+    def sample(engine, row, g, prefix):  # the dispatcher priced the verdict (train.reward.tampered = -1)
+        session, samples = two_turn_session(engine, prefix, prompt=[1, 5], tool=[40])
+        return RolloutResult("o__r-1", g, session, "completed", "runner_tampered", reward=-1.0, resolved=False,
+                             samples=samples, num_turns=2)  # fmt: skip
+
+    outputs = run_loop(trainer_config, sm, sample)
+    assert outputs and all(o.reward_score == -1.0 for o in outputs), "verl trains on the price as it is"
+    stats = rollout_log_stats(tmp_path / "rollouts")[4]
+    assert stats["tampered"] == 1 and stats["tampered_by_reason"]["runner_tampered"] == 1
+    assert set(stats["tampered_by_reason"]) >= {"suspicious_test_tampering", "integrity_violation"}
