@@ -89,12 +89,14 @@ def redacted(section):
     return json.loads(redact(json.dumps(section)))
 
 
-def result_params(path):
+def result_params(path, without=()):
     """Params for the config section at dotted `path`: only the values that can change a result
     (config/keys.yaml), sorted and in one number form, credentials redacted. Scripts read the whole
-    section (operational values too) from the config at run time (sweflow.rulekit.live).
+    section (operational values too) from the config at run time (sweflow.rulekit.live). `without`:
+    result keys of the section that the rule never reads (a rule that reads one passes it on its own).
     """
-    return redacted(result_values(section(config, path), path))
+    values = result_values(section(config, path), path)
+    return redacted({k: v for k, v in values.items() if k not in without})
 
 
 def split_file(wildcards):

@@ -3,6 +3,8 @@
 # An infrastructure failure (dead sandbox, provider fault) is retried `validation.error_attempts` times;
 # still failing, the task's verdict is `error`: reported under `errors`, left out of tasks.valid.jsonl,
 # and validated again by the next run (the summary removes its result; the run dates the summary back).
+# A task whose gold runs carried no canary is `unguarded`: reported, and left out of tasks.valid.jsonl
+# unless `validation.allow_unguarded`.
 # The evidence file next to each verdict holds every evaluation's whole log and status map (gzip JSON).
 
 
@@ -43,7 +45,8 @@ rule validate_task:
     params:
         provider=PROVIDER,
         sandbox=result_params("sandbox"),
-        validation=result_params("validation"),
+        # allow_unguarded only decides which verdicts the summary keeps: no task is validated again
+        validation=result_params("validation", without=("allow_unguarded",)),
     script:
         "../scripts/validate_task.py"
 
@@ -61,5 +64,7 @@ rule validation_summary:
     localrule: True
     conda:
         "../envs/agent.yaml"
+    params:
+        allow_unguarded=config["validation"]["allow_unguarded"],
     script:
         "../scripts/validation_summary.py"

@@ -12,5 +12,6 @@ with from_snakemake(smk, f"{smk.scriptdir}/validation_summary.py"):
         dataset=smk.wildcards.dataset,
         split=smk.wildcards.split,
         reopen_errors=True,
+        allow_unguarded=smk.params.allow_unguarded,
         allow_empty=smk.config["allow_empty"],  # operational: not a param
     )

@@ -124,6 +124,8 @@ class EvalResult:
     (set exactly for the infrastructure reasons), ``violations`` the refused changes when the patch broke
     an integrity rule. ``log`` is the whole host-side log (``to_dict`` leaves it out), ``statuses`` the
     status map the harness parser read from it, ``exit_code`` the provider's record of the eval command.
+    ``canaries`` are the planted canaries with their outcomes, ``canary_family`` the runner family they
+    were drawn for (None when none were drawn).
     """
 
     reward: float
@@ -138,6 +140,9 @@ class EvalResult:
     exit_code: int | None = None
     log: str = field(default="", repr=False)
     canaries: list = field(default_factory=list)
+    # the runner family canaries were drawn for (pytest, django, sympy); None: none were drawn (canaries
+    # off, or a runner that cannot carry them). Set with ``canaries`` empty: the row yielded none to plant.
+    canary_family: str | None = None
 
     @property
     def infra(self) -> bool:
@@ -397,6 +402,7 @@ def evaluate_patch(
             exit_code=rc,
             log=log_text,
             canaries=verdicts,
+            canary_family=family if canaries and family else None,
         )
     except Exception as exc:  # noqa: BLE001 - every fault becomes a graded outcome for the dispatcher
         log.warning(

@@ -28,6 +28,10 @@ log = logging.getLogger("sweflow.validation")
 # - ``gold_fails``: gold never resolved (or is not a gradable patch: it edits tests, or is empty);
 # - ``empty_passes``: the unchanged repository already resolves every time;
 # - ``flaky``: gold or empty got different outcomes across repeats;
+# - ``unguarded``: valid, but some gold run planted no canary although the row's runner carries them (its
+#   tests yield none to clone: fixtures, parametrized ids, no ``==`` check), so a patch that makes every test
+#   "pass" would be paid on it; reported, and left out of ``tasks.valid.jsonl`` unless
+#   ``validation.allow_unguarded``;
 # - ``error``: the infrastructure failed (a provider fault, a dead or killed sandbox, the provider's
 #   deadline, an eval script that never reached the tests; see ``sweflow.grading.evaluate``) on every one of
 #   ``error_attempts`` tries of some run, so nothing can be concluded about the task.
@@ -40,7 +44,8 @@ log = logging.getLogger("sweflow.validation")
 # test: gold timing out every time is ``gold_fails``, sometimes ``flaky``.
 # Every evaluation's evidence: the whole host-side log and the parsed status map, appended to the caller's
 # ``evidence`` list (``sweflow.stages.validate`` writes it next to the verdict).
-VERDICTS = ("valid", "gold_fails", "empty_passes", "flaky", "error")
+VERDICTS = ("valid", "gold_fails", "empty_passes", "flaky", "unguarded", "error")
+UNGUARDED = "unguarded"
 ERROR_ATTEMPTS = default("validation.error_attempts")
 ERROR_BACKOFF_S = float(default("validation.error_backoff_sec"))
 _MARKER_KEYS = (
@@ -72,6 +77,7 @@ def run_record(kind: str, index: int, res: EvalResult, infra_errors: list | None
         "marker": {k: marker[k] for k in _MARKER_KEYS if k in marker},
         "timings": dict(res.timings),
         "canaries": len(res.canaries),
+        "canary_family": res.canary_family,
         "output_tail": res.output_tail[-1500:] if not res.resolved and res.output_tail else "",
     }
 
@@ -98,6 +104,13 @@ def decide(
         return "flaky", f"empty patch resolved {e}/{len(empty)} runs"
     if empty and e == len(empty):
         return "empty_passes", f"empty patch resolved {e}/{len(empty)} runs"
+    bare = [r for r in gold if r.get("canary_family") and not r.get("canaries")]
+    if bare:
+        family = bare[0]["canary_family"]
+        return UNGUARDED, (
+            f"no canary could be planted in {len(bare)} of {len(gold)} gold runs ({family} runner): its "
+            "tests yield none to clone, so a forged test report would be paid"
+        )
     return "valid", None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import DatasetError, EmptyResultError, ProvenanceError
 from ..grading.evaluate import EvalResult, eval_network, evaluate_patch, write_evidence
-from ..grading.task_validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, VERDICTS, validate_task
+from ..grading.task_validation import ERROR_ATTEMPTS, ERROR_BACKOFF_S, UNGUARDED, VERDICTS, validate_task
 from ..rulekit import check_not_empty, from_snakemake
 from ..sandbox.base import Provider
 from ..sandbox.registry import provider_from_config
@@ -189,12 +189,15 @@ def summarize(
     split: str = "",
     reopen_errors: bool = False,
     allow_empty: bool | Sequence[str] = default("allow_empty"),
+    allow_unguarded: bool = default("validation.allow_unguarded"),
 ) -> dict[str, Any]:
     """Write the summary report and ``tasks.valid.jsonl`` (the JSONL's own lines, in order, valid ones only).
 
-    Every JSONL task appears in the summary: valid, under ``broken`` (a verdict about the task) or under
-    ``errors`` (verdict ``error``: the infrastructure failed, nothing is known about the task; a task with
-    no result file is one too, reason ``no validation result``). With ``reopen_errors`` (the rule) each
+    Every JSONL task appears in the summary: valid, under ``unguarded`` (gold passed but its runs carried
+    no canary: kept only with ``allow_unguarded``, the config key; ``unguarded_kept`` says which), under
+    ``broken`` (a verdict about the task) or under ``errors`` (verdict ``error``: the infrastructure failed,
+    nothing is known about the task; a task with no result file is one too, reason ``no validation
+    result``). With ``reopen_errors`` (the rule) each
     error task's result file and its provenance record are removed once the summary is written; after the
     run, ``reopen_summaries`` dates such a summary back, so the next run re-runs it, which first
     re-validates the removed tasks (and only those). No task valid raises EmptyResultError naming the
@@ -209,7 +212,7 @@ def summarize(
         paths[rec["instance_id"]] = Path(path)
     rows = read_jsonl_rows(jsonl)
     verdicts: Counter[str] = Counter()
-    broken, errors, kept = [], [], []
+    broken, errors, kept, unguarded = [], [], [], []
     for iid, line in rows:
         rec = by_id.get(iid)
         verdict = rec["verdict"] if rec else "error"
@@ -217,6 +220,10 @@ def summarize(
         verdicts[verdict] += 1
         if verdict == "valid":
             kept.append(line)
+        elif verdict == UNGUARDED:
+            unguarded.append({"instance_id": iid, "verdict": verdict, "reason": reason})
+            if allow_unguarded:
+                kept.append(line)
         elif verdict == "error":
             errors.append({"instance_id": iid, "verdict": verdict, "reason": reason})
         else:
@@ -227,11 +234,13 @@ def summarize(
         "tasks": len(rows),
         "valid": len(kept),
         "verdicts": {v: verdicts.get(v, 0) for v in VERDICTS},
+        "unguarded": unguarded,
+        "unguarded_kept": bool(allow_unguarded),
         "broken": broken,
         "errors": errors,
     }
     if not kept:
-        for b in broken + errors:
+        for b in unguarded + broken + errors:
             log.warning("%s: %s (%s)", b["instance_id"], b["verdict"], b["reason"])
         try:
             check_not_empty(
@@ -241,7 +250,7 @@ def summarize(
                 what=f"tasks of split {split} valid" if split else "tasks valid",
                 reasons=[
                     ("", f"{t['verdict']}: {t['reason']}" if t["reason"] else t["verdict"])
-                    for t in broken + errors
+                    for t in unguarded + broken + errors
                 ],
                 allow_empty=allow_empty,
             )
@@ -258,6 +267,13 @@ def summarize(
         len(broken),
         [f"{b['instance_id']} ({b['verdict']})" for b in broken],
     )
+    if unguarded:
+        log.warning(
+            "validation: %d tasks unguarded (no canary could be planted; %s): %s",
+            len(unguarded),
+            "kept: validation.allow_unguarded is on" if allow_unguarded else "left out of tasks.valid.jsonl",
+            ", ".join(u["instance_id"] for u in unguarded),
+        )
     if errors:
         log.error(
             "validation: %d tasks could NOT be validated (infrastructure failures, not verdicts about the "

@@ -128,6 +128,8 @@ RESULT_KEYS = {
     "train.optim.lr": (2e-4, {"train_grpo": 1, "report": 1, "all": 1}),
     "sft.train.lr": (1e-4, {"train_sft": 1, "report": 1, "all": 1}),
     "validation.repeats": (3, {"validate_task": 23, "validation_summary": 3, **DOWNSTREAM_OF_VALIDATION}),
+    # which verdicts tasks.valid.jsonl keeps: the summaries only, no task is validated again
+    "validation.allow_unguarded": (True, {"validation_summary": 3, **DOWNSTREAM_OF_VALIDATION}),
     "agent.backend_options.max_turns": (81, {"convert": 3, **DOWNSTREAM_OF_CONVERT}),
     # operational for the sandboxes, but every training row carries it (config/keys.yaml `carried`)
     "sandbox.timeout_sec": (3601, {"convert": 3, **DOWNSTREAM_OF_CONVERT}),

@@ -193,7 +193,9 @@ def test_summary_keeps_valid_lines_and_reports_every_broken_task(tmp_path, split
     lines = jsonl.read_text().splitlines(keepends=True)
     assert (tmp_path / "valid.jsonl").read_text() == lines[0] + lines[2]
     assert s["tasks"] == 6 and s["valid"] == 2
-    assert s["verdicts"] == {"valid": 2, "gold_fails": 1, "empty_passes": 1, "flaky": 1, "error": 1}
+    assert s["verdicts"] == {"valid": 2, "gold_fails": 1, "empty_passes": 1, "flaky": 1, "unguarded": 0,
+                             "error": 1}  # fmt: skip
+    assert s["unguarded"] == [] and s["unguarded_kept"] is False
     assert s["broken"] == [
         {"instance_id": ids[1], "verdict": "gold_fails", "reason": "why-gold_fails"},
         {"instance_id": ids[3], "verdict": "flaky", "reason": "why-flaky"},
@@ -201,6 +203,64 @@ def test_summary_keeps_valid_lines_and_reports_every_broken_task(tmp_path, split
     ]
     assert s["errors"] == [{"instance_id": ids[5], "verdict": "error", "reason": "no validation result"}]
     assert read_json(tmp_path / "summary.json") == s
+
+
+# ----- unguarded: gold passed, but its runs carried no canary -------------------------------------------------
+class CanaryEval(ScriptedEval):
+    """ScriptedEval whose runs drew canaries for a pytest runner, planting `planted` of them."""
+
+    def __init__(self, planted: int, family: str | None = "pytest"):
+        super().__init__()
+        self.planted, self.family = planted, family
+
+    def __call__(self, *args, **kw):
+        res = super().__call__(*args, **kw)
+        res.canaries = [
+            {"name": f"test_c{i}", "expect": "fail", "got": "FAILED"} for i in range(self.planted)
+        ]
+        res.canary_family = self.family
+        return res
+
+
+def test_a_row_whose_runs_plant_no_canary_is_unguarded_not_valid():
+    rec = validate_task(P(), META, GOOD, repeats=2, evaluate=CanaryEval(planted=0))
+    assert rec["verdict"] == "unguarded"
+    assert rec["reason"].startswith("no canary could be planted in 2 of 2 gold runs (pytest runner)")
+    assert [r["canary_family"] for r in rec["runs"]] == ["pytest"] * 4
+    # canaries planted: valid; no canary drawn at all (canaries off, or a runner that carries none): valid
+    assert validate_task(P(), META, GOOD, repeats=2, evaluate=CanaryEval(planted=2))["verdict"] == "valid"
+    assert validate_task(P(), META, GOOD, evaluate=CanaryEval(planted=0, family=None))["verdict"] == "valid"
+    # one bare gold run is enough: the rollouts of that row would be unguarded as often
+    gold = [
+        {**r, "canary_family": "pytest", "canaries": n}
+        for r, n in zip(runs("gold", True, True), (3, 0), strict=True)
+    ]
+    assert decide(gold, runs("empty", False, False))[0] == "unguarded"
+    # a verdict about the task outranks it: a failing gold stays gold_fails
+    gold = [{**r, "canary_family": "pytest", "canaries": 0} for r in runs("gold", False, False)]
+    assert decide(gold, runs("empty", False, False))[0] == "gold_fails"
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_unguarded_tasks_are_left_out_of_training_unless_allowed_and_counted(tmp_path, split_files, allow):
+    _, jsonl, rows = split_files
+    ids = [r["instance_id"] for r in rows]
+    results = []
+    for iid, v in zip(ids, ["valid", "unguarded", "valid", "unguarded", "flaky", "valid"], strict=True):
+        p = tmp_path / f"{iid}.json"
+        p.write_text(
+            json.dumps({"instance_id": iid, "verdict": v, "reason": None if v == "valid" else f"why-{v}"})
+        )
+        results.append(p)
+    s = summarize(jsonl, results, tmp_path / "summary.json", tmp_path / "valid.jsonl", allow_unguarded=allow)
+    lines = jsonl.read_text().splitlines(keepends=True)
+    kept = [0, 1, 2, 3, 5] if allow else [0, 2, 5]
+    assert (tmp_path / "valid.jsonl").read_text() == "".join(lines[i] for i in kept)
+    assert s["valid"] == len(kept) and s["verdicts"]["unguarded"] == 2 and s["verdicts"]["valid"] == 3
+    assert s["unguarded"] == [{"instance_id": ids[i], "verdict": "unguarded", "reason": "why-unguarded"}
+                              for i in (1, 3)]  # fmt: skip
+    assert s["unguarded_kept"] is allow
+    assert [b["verdict"] for b in s["broken"]] == ["flaky"], "unguarded is not broken: its gold passed"
 
 
 # ----- infrastructure failures: retried, then an error verdict that is not final -----------------------------
