@@ -140,6 +140,9 @@ def validation_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, 
             "broken_by_reason": dict(by_reason.most_common()),
             "broken_by_repo": {r: dict(c) for r, c in sorted(by_repo.items())},
             "errors": len(rep.get("errors", [])),
+            # gold passed but no canary guarded its runs: out of training unless validation.allow_unguarded
+            "unguarded": [[u["instance_id"], u.get("reason")] for u in rep.get("unguarded", [])],
+            "unguarded_kept": bool(rep.get("unguarded_kept")),
         }
     return {"splits": splits}
 
@@ -157,6 +160,7 @@ STEP_KEYS = (
     "samples",
     "completed",
     "aborted",
+    "tampered",
 )
 
 
@@ -170,11 +174,19 @@ def training_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, An
         aborted: Counter[str] = Counter()
         for m in metrics:
             aborted.update(m.get("aborted_by_reason") or {})
+        # the steps with tamper verdicts, by code (a code no step saw is left out)
+        codes = sorted({c for m in metrics for c, n in (m.get("tampered_by_reason") or {}).items() if n})
+        tampered = [
+            [m.get("step"), m["tampered"], *[(m.get("tampered_by_reason") or {}).get(c, 0) for c in codes]]
+            for m in metrics
+            if m.get("tampered")
+        ]
         runs[run_dir.name] = {
             "engine": summary.get("engine"),
             "steps": [m.get("step") for m in metrics],
             "series": {k: [m.get(k) for m in metrics] for k in STEP_KEYS},
             "aborted_by_reason": dict(aborted.most_common()),
+            "tampered": {"codes": codes, "steps": tampered},
             "summary": {
                 k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None
             },

@@ -109,8 +109,8 @@ def validation_html(v: Mapping[str, Any]) -> str:
     if not splits:
         return ""
     verdicts = {s: dict(x["verdicts"]) for s, x in sorted(splits.items())}
-    out = [table(["split", "tasks", "valid", "broken", "not validated (infrastructure)"],
-                 [[s, x["tasks"], x["valid"], sum(x["broken_by_reason"].values()), x["errors"]]
+    out = [table(["split", "tasks", "valid", "unguarded (no canary)", "broken", "not validated (infrastructure)"],
+                 [[s, x["tasks"], x["valid"], len(x["unguarded"]), sum(x["broken_by_reason"].values()), x["errors"]]
                   for s, x in sorted(splits.items())])]  # fmt: skip
     by_repo: dict[str, dict[str, float]] = {}
     for x in splits.values():
@@ -125,6 +125,11 @@ def validation_html(v: Mapping[str, Any]) -> str:
     ))  # fmt: skip
     reasons = [[s, r, n] for s, x in sorted(splits.items()) for r, n in x["broken_by_reason"].items()]
     out.append("<h3>Broken tasks by reason</h3>" + table(["split", "reason", "tasks"], reasons))
+    unguarded = [[s, "trained on" if x["unguarded_kept"] else "left out", iid, why]
+                 for s, x in sorted(splits.items()) for iid, why in x["unguarded"]]  # fmt: skip
+    if unguarded:
+        out.append("<h3>Unguarded tasks (no canary could be planted: a forged test report would be paid)</h3>"
+                   + table(["split", "training", "instance", "reason"], unguarded))  # fmt: skip
     return "".join(out)
 
 
@@ -145,10 +150,15 @@ def _run_html(name: str, run: Mapping[str, Any]) -> str:
     if aborted:
         figs.append(figure(plots.bars({r: {"samples": n} for r, n in aborted.items()}, title="Aborted samples",
                                       ylabel="samples", horizontal=True), "aborted samples by reason"))  # fmt: skip
+    figs.append(figure(plots.lines(x, {"tamper verdicts": s["tampered"]}, title="Tamper verdicts",
+                                   ylabel="samples"), "samples per step whose verdict was tampering"))  # fmt: skip
     rows = [[k, v] for k, v in sorted(run["summary"].items())]
+    tampered = run["tampered"]
     return (
         f"<h3>GRPO run {esc(name)} ({esc(run['engine'])})</h3>"
         + plot_row(*figs)
+        + "<h4>Steps with tamper verdicts</h4>"
+        + table(["step", "tampered", *tampered["codes"]], tampered["steps"])
         + table(["summary", "value"], rows)
     )
 

@@ -21,9 +21,9 @@ def _w(root: Path, rel: str, data) -> None:
     p.write_text(data if isinstance(data, str) else json.dumps(data))
 
 
-def _sample(i: int, group: int, reward: float, aborted: bool = False) -> dict:
+def _sample(i: int, group: int, reward: float, aborted: bool = False, reason: str | None = None) -> dict:
     return {"aborted": aborted, "reward": reward, "group": group, "resolved": reward == 1.0,
-            "failure_reason": "sandbox_timeout" if aborted else None, "integrity_violations": [],
+            "failure_reason": "sandbox_timeout" if aborted else reason, "integrity_violations": [],
             "prompt_tokens": 10, "response_tokens": 5, "segments": 1}  # fmt: skip
 
 
@@ -68,12 +68,16 @@ def tree(tmp_path):
     rows = [{"metadata": {"instance_id": f"o__{r}-{i}", "repo": f"o/{r}"}} for i, r in enumerate("aaab")]
     _w(root, "results/ds/train.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     _w(root, "results/ds/train/validation-summary.json", {
-        "split": "train", "tasks": 4, "valid": 2, "verdicts": {"valid": 2, "gold_fails": 1, "flaky": 1},
+        "split": "train", "tasks": 5, "valid": 2, "verdicts": {"valid": 2, "gold_fails": 1, "flaky": 1, "unguarded": 1},
+        "unguarded": [{"instance_id": "o__a-2", "verdict": "unguarded", "reason": "no canary could be planted"}],
+        "unguarded_kept": False,
         "broken": [{"instance_id": "o__a-1", "verdict": "gold_fails", "reason": "fail_to_pass_failure"},
                    {"instance_id": "o__b-3", "verdict": "flaky", "reason": None}], "errors": []})  # fmt: skip
     metrics = []
     for step, rewards in enumerate([[0, 0, 1, 0], [1, 0, 1, 1]], 1):
         samples = [_sample(i, i // 2, r) for i, r in enumerate(rewards)] + [_sample(9, 2, 0, aborted=True)]
+        if step == 2:  # the canaries caught one forger
+            samples[1] = _sample(1, 0, 0, reason="runner_tampered")
         metrics.append({"step": step, **step_stats(samples), "kl": 0.01 * step, "clip_fraction": 0.1,
                         "tis_clipped_share": 0.0, "rollout_s": 3.0, "train_s": 1.5, "weight_sync_s": 0.0})  # fmt: skip
     _w(root, "results/ds/grpo/run1/metrics.jsonl", "".join(json.dumps(m) + "\n" for m in metrics))
@@ -91,11 +95,14 @@ def test_sections_say_what_the_artifacts_say(tree):
     v = data["validation"]["splits"]["train"]
     assert v["broken_by_reason"] == {"gold_fails: fail_to_pass_failure": 1, "flaky": 1}
     assert v["broken_by_repo"] == {"o/a": {"gold_fails": 1}, "o/b": {"flaky": 1}}  # o__b-3 by its id
+    assert v["unguarded"] == [["o__a-2", "no canary could be planted"]] and v["unguarded_kept"] is False
     run = data["training"]["runs"]["run1"]
     assert run["steps"] == [1, 2]
     assert run["series"]["reward_mean"] == [0.25, 0.75]
     assert run["series"]["zero_variance_group_share"] == [0.5, 0.5]
     assert run["aborted_by_reason"] == {"sandbox_timeout": 2}
+    assert run["series"]["tampered"] == [0, 1]
+    assert run["tampered"] == {"codes": ["runner_tampered"], "steps": [[2, 1, 1]]}
     assert data["smith"] == {"profiles": {}}
     assert data["provenance"]["dataset"]["sha"] == "a" * 40
     assert data["provenance"]["unrecorded"] == sum(len(v) for v in paths.values())  # no .provenance here
@@ -114,8 +121,11 @@ def test_page_is_self_contained_stable_and_leaves_out_absent_sections(tree, tmp_
     assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
     plots = re.findall(r'<figure class="plot" data-plot="([^"]+)"><svg', page)
     for caption in ("rows per split: in the parquet, converted", "validation verdicts per split",
-                    "reward mean and resolved share per step", "aborted samples by reason"):  # fmt: skip
+                    "reward mean and resolved share per step", "aborted samples by reason",
+                    "samples per step whose verdict was tampering"):  # fmt: skip
         assert caption in plots
+    assert "unguarded (no canary)" in page and "<td>o__a-2</td>" in page and "<td>left out</td>" in page
+    assert "Steps with tamper verdicts" in page and "<th>runner_tampered</th>" in page
     assert "no eval script for o/b 9.9" in page and "pip install failed" in page
     # nothing to draw, no empty plot: the clip series are all zero or constant but present; SFT is absent
     assert "SFT training loss per step" not in plots
