@@ -12,4 +12,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/train_sft.py"):
         smk.output.metrics,
         smk.output.final,
         train=smk.config["sft"]["train"],  # params hold only its result values
+        tracking=smk.config.get("train", {}).get("tracking"),  # operational: TensorBoard / W&B
     )

@@ -301,8 +301,10 @@ def train_sft_step(
     final_out: str | os.PathLike,
     *,
     train: Mapping[str, Any],
+    tracking: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fine-tune `model_dir` on the messages JSONL; final checkpoint in `final_out`, metrics and summary.
+    `tracking`: the `train.tracking` section (TensorBoard files under the run's folder, beside work/).
 
     One process trains here; more (`parallel.nodes` x `gpus_per_node`) are started with accelerate (FSDP2
     when `parallel.fsdp`), through srun on every node of the Slurm allocation when inside one."""
@@ -330,13 +332,15 @@ def train_sft_step(
                         job_id=os.environ.get("SLURM_JOB_ID"))  # fmt: skip
     log.info("SFT launch: %s", launch.describe())
     if launch.argv is None:
-        summary = train_sft(rows, model_dir, work, settings, metrics_path=metrics_out)
+        summary = train_sft(rows, model_dir, work, settings, metrics_path=metrics_out, tracking=tracking,
+                            tracking_dir=work.parent)  # fmt: skip
     else:
         worker_summary = work / "summary.worker.json"
         worker_summary.unlink(missing_ok=True)
         atomic_write_json(spec, {"rows": str(messages), "model_dir": str(model_dir), "out_dir": str(work),
                                  "settings": known, "metrics_path": str(metrics_out),
-                                 "summary_path": str(worker_summary), "logs": str(work / "logs")})  # fmt: skip
+                                 "summary_path": str(worker_summary), "logs": str(work / "logs"),
+                                 "tracking": tracking, "tracking_dir": str(work.parent)})  # fmt: skip
         proc = subprocess.run(launch.argv, check=False)
         if proc.returncode != 0 or not worker_summary.exists():
             raise TrainError(f"the SFT processes failed (exit {proc.returncode}); see {work / 'logs'}")

@@ -24,6 +24,7 @@ from ..schema import default
 from ..util import atomic_write, atomic_write_json, read_json
 from .proxy_settings import ProxySettings
 from .recipe import Recipe
+from .tracking import Tracking, run_info, write_tracking
 
 log = logging.getLogger("sweflow.train")
 
@@ -80,8 +81,11 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
     # a save cut off by a kill is removed here, by one process, before any rank looks for its checkpoint
     last_complete_checkpoint(work / "checkpoints", remove_partial=True)
     plan = launch.plan(recipe, python=sys.executable, job_id=os.environ.get("SLURM_JOB_ID") or None)
+    tracking = Tracking.from_config(train).checked()
+    attach = run_info(recipe, r.tasks)
     if plan.argv is None:
-        return trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider)
+        return trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider, tracking=tracking,
+                              tracking_dir=work.parent, attach=attach)  # fmt: skip
     log.info("TRL data parallel: %s", plan.describe())
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -97,6 +101,8 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
         "provider": provider,
         "logs": str(logs),
         "result": str(result_file),
+        "tracking_dir": str(work.parent),
+        "attach": attach,
     }
     # the spec (the live `train` section and the settings: they may hold secrets) travels in the environment,
     # never on disk
@@ -152,6 +158,7 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
         r.provider,
     )
     megatron_dir = r.megatron_dir
+    tracking = Tracking.from_config(r.train).checked()
     import pandas as pd
 
     from . import verl_engine as ve
@@ -189,20 +196,27 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
         out_dir=str(work),
         agent_loop_config=str(agent_cfg),
         megatron_ckpt=megatron_dir,
+        tracking=tracking,
     )
     ve.compose_verl_config(overrides)  # a bad override fails here, before Ray starts
+    done = ve.latest_checkpoint_step(work / "checkpoints")
+    if done is None:  # a run started over: its old curves go
+        shutil.rmtree(work.parent / "tensorboard", ignore_errors=True)
     script = ve.launch_script(
         recipe,
         overrides,
         python=sys.executable,
         ray_port=int(recipe.verl.get("ray_port", default("train.verl.ray_port"))),
         log_dir=str(work / "logs"),
-        env={"SWEFLOW_ROLLOUT_SPEC": str(spec_path), "SWEFLOW_ROLLOUT_LOG": str(work / "rollout-log")},
+        env={
+            "SWEFLOW_ROLLOUT_SPEC": str(spec_path),
+            "SWEFLOW_ROLLOUT_LOG": str(work / "rollout-log"),
+            **tracking.env(work.parent, "verl"),
+        },
     )
     launcher = work / "launch.sh"
     atomic_write(launcher, script)
     # verl resumes from the step its tracker file names, written after a save completed (resume_mode auto)
-    done = ve.latest_checkpoint_step(work / "checkpoints")
     log.info("verl %s", f"resumes from global_step_{done}" if done else "starts at step 0")
     proc = subprocess.run(["bash", str(launcher)], check=False)
     if proc.returncode != 0:
@@ -215,6 +229,8 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
         work / "logs" / "verl_metrics", work / "metrics.jsonl", rollout_dir=work / "rollout-log"
     )
     _verl_rollout_files(work)
+    write_tracking(work / "metrics.jsonl", work.parent, tracking, run_name=recipe.run,
+                   attach=run_info(recipe, r.tasks))  # fmt: skip
     last = ve.latest_checkpoint_step(work / "checkpoints")
     if last is None:
         raise TrainError("verl saved no checkpoint", file=str(work / "checkpoints"), field="train.save_every")

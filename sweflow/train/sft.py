@@ -344,7 +344,7 @@ def _resume(ckpt_dir: Path, metrics_path: Path, write: bool) -> tuple[str | None
 # (-100 where the mask is 0) whatever `assistant_only_loss` says, so `assistant_only_loss` stays False (it
 # would demand a conversational dataset); `packing=False`, `max_length` is the limit applied here (TRL's own
 # truncation is then a no-op).
-def _sft_config(settings: SFTSettings, ckpt_dir: Path):
+def _sft_config(settings: SFTSettings, ckpt_dir: Path, report_to: list[str] | None = None):
     import torch
     from trl import SFTConfig
 
@@ -367,7 +367,7 @@ def _sft_config(settings: SFTSettings, ckpt_dir: Path):
         logging_steps=settings.logging_steps,
         save_strategy="steps" if settings.save_every else "no",
         save_steps=settings.save_every or 500,
-        report_to="none",
+        report_to=report_to or "none",
         disable_tqdm=True,
         packing=False,
         max_length=settings.max_length,
@@ -401,10 +401,15 @@ def train_sft(
     settings: SFTSettings | None = None,
     *,
     metrics_path: str | os.PathLike,
+    tracking: Mapping[str, Any] | None = None,
+    tracking_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Fine-tune the Hugging Face model in `model_dir` on `rows`; checkpoints in `out_dir/checkpoints`
     (resumed from the last one there), the final model + tokenizer in `out_dir/final`, one metrics line per
-    logged step in `metrics_path`. Returns the run's summary (every rank; rank 0 wrote the files)."""
+    logged step in `metrics_path`. Returns the run's summary (every rank; rank 0 wrote the files).
+
+    `tracking`: the `train.tracking` section (TRL's `report_to`: TensorBoard under
+    `<tracking_dir>/tensorboard/sft`, W&B when on; default `out_dir`); None - none."""
     from datasets import Dataset
     from transformers import AutoTokenizer
 
@@ -431,21 +436,29 @@ def train_sft(
     )
 
     ckpt_dir = out_dir / "checkpoints"
-    args = _sft_config(settings, ckpt_dir)
+    from .tracking import Tracking, tracking_env
+
+    track = (
+        Tracking.from_config({"tracking": tracking}) if tracking is not None else Tracking(False)
+    ).checked()
+    args = _sft_config(settings, ckpt_dir, track.report_to())
+    args.run_name = Path(tracking_dir if tracking_dir is not None else out_dir).name
     main = args.process_index == 0
     if main:
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
     resume, resumed_step, history = _resume(ckpt_dir, metrics_path, main)
-    trainer = _trainer_class()(
-        model=str(model_dir),
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        callbacks=[_metrics_callback(metrics_path, history, main)],
-    )
-    if resume:
-        log.info("resuming SFT from %s (step %d)", resume, resumed_step)
-    trainer.train(resume_from_checkpoint=resume)
+    # the Trainer's loggers read their folders from the environment (TENSORBOARD_LOGGING_DIR, WANDB_*)
+    with tracking_env(track.env(tracking_dir if tracking_dir is not None else out_dir, "sft")):
+        trainer = _trainer_class()(
+            model=str(model_dir),
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[_metrics_callback(metrics_path, history, main)],
+        )
+        if resume:
+            log.info("resuming SFT from %s (step %d)", resume, resumed_step)
+        trainer.train(resume_from_checkpoint=resume)
     final = _publish(trainer, tokenizer, out_dir)
     losses = [h["loss"] for h in history]
     return {

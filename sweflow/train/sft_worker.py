@@ -187,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec["out_dir"],
             settings,
             metrics_path=spec["metrics_path"],
+            tracking=spec.get("tracking"),
+            tracking_dir=spec.get("tracking_dir"),
         )
         if rank == 0 and spec.get("summary_path"):
             atomic_write_json(spec["summary_path"], summary)

@@ -7,25 +7,30 @@ above the code it concerns). Each optimizer step appends one line to metrics.jso
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..util import atomic_write, replace_folder
 from .recipe import Recipe
+from .tracking import MetricsWriter, Tracking, tracking_env
 
 log = logging.getLogger("sweflow.train")
 
 
 # `grpo_args(recipe, ...)` maps the Recipe onto a GRPOConfig (one generation per step of prompts x n samples,
 # `updates_per_step` optimizer updates of `global_batch` samples, micro-batches of `micro_batch`).
-def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int = 1) -> Any:
-    """The GRPOConfig that runs `recipe` (`world_size` = processes, one per device)."""
+def grpo_args(
+    recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int = 1, report_to: Sequence[str] = ()
+) -> Any:
+    """The GRPOConfig that runs `recipe` (`world_size` = processes, one per device; `report_to`: the
+    Trainer's loggers, `Tracking.report_to()`)."""
     from trl import GRPOConfig
 
     r = recipe
@@ -65,7 +70,7 @@ def grpo_args(recipe: Recipe, output_dir: str | os.PathLike, *, world_size: int 
         save_steps=r.save_every * r.updates_per_step,
         save_only_model=False,
         logging_steps=1,
-        report_to=[],
+        report_to=list(report_to),
         disable_tqdm=True,
         use_cpu=on_cpu,
         bf16=not on_cpu,
@@ -128,11 +133,16 @@ def train_trl(
     model_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     rollouts_factory: Callable[[Any], Any],
+    tracking: Tracking | None = None,
+    tracking_dir: str | os.PathLike | None = None,
+    attach: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the GRPO run in `out_dir`: checkpoints/, final/, metrics.jsonl, rollouts/.
 
     `rollouts_factory(engine)` returns a `PolicyRollouts`-like context manager (`.run(jobs, prefix)`) over
-    the live policy engine; it is entered for the whole run. Returns a summary.
+    the live policy engine; it is entered for the whole run. `tracking`: where metrics go besides
+    metrics.jsonl, under `tracking_dir` (the run's folder; default `out_dir`), with `attach` (the run's
+    config and dataset shas) written once. Returns a summary.
     """
     import torch
     from datasets import Dataset
@@ -160,12 +170,19 @@ def train_trl(
     else:
         (out / "metrics.jsonl").unlink(missing_ok=True)
         log.info("starting at update 0 of %d", max_steps)
+    tracking = (tracking or Tracking(tensorboard=False)).checked()
+    track_dir = Path(tracking_dir) if tracking_dir is not None else out
+    if not found and int(os.environ.get("RANK", "0")) == 0:
+        shutil.rmtree(track_dir / "tensorboard", ignore_errors=True)  # a run started over: its old curves go
     data = Dataset.from_list(
         [{"prompt": r["prompt"], "sweflow_row": json.dumps(r, sort_keys=True)} for r in rows]
     )
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     # torchrun sets WORLD_SIZE for a data-parallel run (sweflow.train.launch); one process otherwise
-    args = grpo_args(recipe, ckpt_dir, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    args = grpo_args(
+        recipe, ckpt_dir, world_size=int(os.environ.get("WORLD_SIZE", "1")), report_to=tracking.report_to()
+    )
+    args.run_name = recipe.run
     from transformers import AutoConfig
 
     from .attention import attention_for
@@ -174,18 +191,30 @@ def train_trl(
     attn = attention_for(AutoConfig.from_pretrained(str(model_dir)))
     if attn:  # an all-sliding-window model: attention over each query block's window only
         args.model_init_kwargs["attn_implementation"] = attn
-    trainer = _trainer_class()(
-        model=str(model_dir),
-        args=args,
-        train_dataset=data,
-        processing_class=tokenizer,
-        recipe=recipe,
-        rollouts_factory=rollouts_factory,
-        out_dir=out,
-    )
-    t0 = time.monotonic()
-    with trainer.rollouts:
-        result = trainer.train(resume_from_checkpoint=last)
+    # the Trainer's own loggers read their folders from the environment (TENSORBOARD_LOGGING_DIR, WANDB_*)
+    with tracking_env(tracking.env(track_dir, "trl")):
+        trainer = _trainer_class()(
+            model=str(model_dir),
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            recipe=recipe,
+            rollouts_factory=rollouts_factory,
+            out_dir=out,
+        )
+        t0 = time.monotonic()
+        with trainer.rollouts, contextlib.ExitStack() as stack:
+            if trainer.accelerator.is_main_process and (tracking.tensorboard or tracking.wandb):
+                trainer.metrics_writer = stack.enter_context(
+                    MetricsWriter(
+                        track_dir,
+                        tracking,
+                        run_name=recipe.run,
+                        attach=attach,
+                        purge_step=resumed_from + 1 if resumed_from is not None else None,
+                    )
+                )
+            result = trainer.train(resume_from_checkpoint=last)
     # written beside, then renamed: a kill during the save leaves the last final folder or none, never a mix
     final, tmp = out / "final", out / "final.tmp"
     if trainer.accelerator.is_main_process:

@@ -99,6 +99,7 @@ class SweflowGRPOTrainer(GRPOTrainer):
         self._loss_stats: list[dict[str, float]] = []
         self._step_rollout: dict[str, Any] = {}
         self._t_rollout_end = time.monotonic()
+        self.metrics_writer: Any = None  # sweflow.train.tracking.MetricsWriter, set by train_trl
         device = str(self.accelerator.device)
         self.policy_engine = LivePolicyEngine(
             self.accelerator.unwrap_model(self.model),
@@ -366,6 +367,8 @@ class SweflowGRPOTrainer(GRPOTrainer):
         if self.accelerator.is_main_process:
             with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(line, sort_keys=True) + "\n")
+            if self.metrics_writer is not None:  # TensorBoard / W&B: the same names as verl's (tracking)
+                self.metrics_writer.write(line)
         log.info(
             "step %d: reward %.3f over %d/%d samples, %d group(s) with gradient, %d tamper verdict(s), loss %s",
             line["step"],

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..schema import default
 from .recipe import Recipe
+from .tracking import Tracking
 
 # - `verl_overrides(recipe, ...)`: every Recipe knob as a `key=value` override of `verl.trainer.main_ppo`
 #   (recipe.verl["overrides"] last; `trainer.use_v1=True`, `v1.trainer_mode=sync`). The agent loop sets each
@@ -68,12 +69,15 @@ def verl_overrides(
     out_dir: str,
     agent_loop_config: str,
     megatron_ckpt: str | None = None,
+    tracking: Tracking | None = None,
 ) -> list[str]:
     """Hydra overrides for `python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer`.
 
     Checkpoints go to `<out_dir>/checkpoints` (resumed automatically). `agent_loop_config` is the path of
     the YAML `agent_loop_config_yaml()` returns. `megatron_ckpt`: a converter's torch_dist output to start
     the actor and the reference from (default: the Hugging Face weights at `model_path`, through Megatron-Bridge).
+    `tracking`: verl's `trainer.logger` beside its console and file loggers (tensorboard, wandb; their folders
+    come from the launch script's environment, `Tracking.env`); None - console and file only.
     """
     r, p, o = recipe, recipe.parallel, recipe.optim
     extra = dict(r.verl or {})
@@ -162,7 +166,7 @@ def verl_overrides(
         ("reward.reward_model.enable", False),
         ("reward.num_workers", 1),
         # trainer
-        ("trainer.project_name", "sweflow"),
+        ("trainer.project_name", tracking.wandb_project if tracking else "sweflow"),
         ("trainer.experiment_name", r.run),
         ("trainer.nnodes", p.nodes),
         ("trainer.n_gpus_per_node", p.gpus_per_node),
@@ -174,7 +178,7 @@ def verl_overrides(
         ("trainer.resume_mode", "auto"),
         ("trainer.use_v1", True),
         ("trainer.v1.trainer_mode", "sync"),
-        ("trainer.logger", ["console", "file"]),
+        ("trainer.logger", tracking.verl_loggers() if tracking else ["console", "file"]),
         ("trainer.val_before_train", False),
         ("trainer.test_freq", -1),
     ]

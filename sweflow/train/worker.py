@@ -21,9 +21,12 @@ from .launch import SPEC_ENV
 # Every rank rolls out its share of each step through its own proxy and sandboxes; torch.distributed (gloo on
 # CPU, NCCL on GPUs) averages the gradients; rank 0 writes the metrics, rollout records, checkpoints and
 # <result>.
-def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider) -> dict[str, Any]:
+def trl_in_process(
+    recipe, rows, model_dir, work, proxy, sandbox, provider, *, tracking=None, tracking_dir=None, attach=None
+) -> dict[str, Any]:
     """One TRL process's run: its rollouts (its own proxy and sandboxes) and its share of every step.
-    `proxy`: the ProxySettings; `sandbox`: the SandboxSettings."""
+    `proxy`: the ProxySettings; `sandbox`: the SandboxSettings; `tracking`, `tracking_dir`, `attach`: see
+    `train_trl`."""
     from ..sandbox.registry import provider_from_config
     from .rollouts import PolicyRollouts
     from .trl_engine import train_trl
@@ -55,7 +58,8 @@ def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider) -> d
             token_build_model=proxy.build_model,
         )
 
-    return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory)
+    return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory,
+                     tracking=tracking, tracking_dir=tracking_dir, attach=attach)  # fmt: skip
 
 
 def main() -> int:
@@ -78,6 +82,7 @@ def main() -> int:
     from ..sandbox.settings import SandboxSettings
     from .proxy_settings import ProxySettings
     from .recipe import Recipe
+    from .tracking import Tracking
 
     recipe = Recipe.from_config(spec["train"])
     try:
@@ -89,6 +94,9 @@ def main() -> int:
             ProxySettings.from_spec(spec["proxy"], where=f"${SPEC_ENV}: proxy"),
             SandboxSettings.from_spec(spec["sandbox"], where=f"${SPEC_ENV}: sandbox"),
             spec["provider"],
+            tracking=Tracking.from_config(spec["train"]),
+            tracking_dir=spec.get("tracking_dir"),
+            attach=spec.get("attach"),
         )
     except SweflowError as exc:
         log.error("%s", exc.one_line())

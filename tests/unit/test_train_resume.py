@@ -43,7 +43,7 @@ def toy_engine(monkeypatch):
 
     made: list[ToyRollouts] = []
 
-    def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider):
+    def trl_in_process(recipe, rows, model_dir, work, proxy, sandbox, provider, **tracking):
         from transformers import AutoTokenizer
 
         prompt_ids = AutoTokenizer.from_pretrained(str(model_dir)).encode("Say something:")
@@ -53,7 +53,8 @@ def toy_engine(monkeypatch):
             return made[-1]
 
         torch.manual_seed(0)
-        return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory)
+        return train_trl(recipe, rows=rows, model_dir=model_dir, out_dir=work, rollouts_factory=factory,
+                         **tracking)  # fmt: skip
 
     monkeypatch.setattr(worker, "trl_in_process", trl_in_process)
     return made
@@ -152,11 +153,20 @@ def test_an_operational_knob_keeps_the_checkpoints_and_the_run_resumes(tmp_path,
     # killed before the save of step 2
     shutil.rmtree(tmp_path / "grpo" / "work" / "checkpoints" / "checkpoint-2")
     again, steps, log = _run(tmp_path, model_dir, caplog, rollout={"max_concurrency": 4},
-                             verl={"gpu_memory_utilization": 0.5, "ray_port": 6390})  # fmt: skip
+                             verl={"gpu_memory_utilization": 0.5, "ray_port": 6390},
+                             tracking={"wandb": {"project": "elsewhere"}})  # fmt: skip
     assert "over at step 0" not in log, log
     assert "resuming from checkpoint-1" in log, log
     assert again["resumed_from_step"] == 1 and steps == [1, 2]
     assert len(toy_engine[-1].calls) == 8
+    # the run's TensorBoard curves: step 2 of the killed attempt is purged, the resumed step 2 shown once
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "grpo" / "tensorboard" / "sweflow"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("sweflow/reward_mean")] == [1, 2]
+    assert "sweflow/dataset_shas/text_summary" in acc.Tags()["tensors"]
 
 
 def test_the_starting_weights_hash_reads_a_download_manifest_only_while_it_names_the_folder(tmp_path):
