@@ -149,6 +149,11 @@ def validation_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, 
 
 STEP_KEYS = (
     "reward_mean",
+    "policy_loss",
+    "grad_norm",
+    "entropy",
+    "response_tokens",
+    "tis_weight_mean",
     "resolved_share",
     "zero_variance_group_share",
     "kl",

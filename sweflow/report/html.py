@@ -133,11 +133,25 @@ def validation_html(v: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _per_sample(run: Mapping[str, Any]) -> list[float | None]:
+    """Response tokens per sample: verl's metric is a mean already, the TRL trainer's a step's sum."""
+    s = run["series"]
+    if run.get("engine") == "verl":
+        return list(s["response_tokens"])
+    return [
+        t / n if t is not None and n else None
+        for t, n in zip(s["response_tokens"], s["samples"], strict=True)
+    ]
+
+
 def _run_html(name: str, run: Mapping[str, Any]) -> str:
     x, s = run["steps"], run["series"]
     figs = [
         figure(plots.lines(x, {"reward mean": s["reward_mean"], "resolved share": s["resolved_share"]},
                            title="Reward and resolved share"), "reward mean and resolved share per step"),
+        figure(plots.panels(x, {"policy loss": s["policy_loss"], "grad norm": s["grad_norm"], "entropy": s["entropy"],
+                                "response tokens per sample": _per_sample(run), "TIS weight mean": s["tis_weight_mean"]},
+                            title="Training curves"), "policy loss, grad norm, entropy, response length per step"),
         figure(plots.lines(x, {"zero-variance groups": s["zero_variance_group_share"]}, title="Groups without"
                            " gradient", ylabel="share"), "share of zero-variance groups per step"),
         figure(plots.lines(x, {"KL": s["kl"]}, title="KL (low-variance estimator)"), "KL loss per step"),

@@ -86,6 +86,17 @@ def bars(
     return _svg(fig)
 
 
+# One style per series of a plot: the first wide and solid with filled markers, each later one narrower,
+# dashed or dotted, with hollow markers of another shape, drawn on top, so a series equal to an earlier
+# one (the reward mean and the resolved share when every reward is 0 or 1) still shows.
+_STYLES = (
+    {"linestyle": "-", "linewidth": 2.6, "marker": "o", "ms": 6},
+    {"linestyle": "--", "linewidth": 1.4, "marker": "s", "ms": 4, "markerfacecolor": "white"},
+    {"linestyle": ":", "linewidth": 1.4, "marker": "^", "ms": 4, "markerfacecolor": "white"},
+    {"linestyle": "-.", "linewidth": 1.2, "marker": "D", "ms": 3, "markerfacecolor": "white"},
+)
+
+
 def lines(
     x: Sequence[float],
     series: Mapping[str, Sequence[float | None]],
@@ -101,8 +112,8 @@ def lines(
     fig = _figure()
     ax = fig.add_subplot()
     for i, (name, ys) in enumerate(present.items()):
-        ax.plot(x, [float("nan") if y is None else y for y in ys], marker="o", ms=3, label=name,
-                color=PALETTE[i % len(PALETTE)])  # fmt: skip
+        ax.plot(x, [float("nan") if y is None else y for y in ys], label=name, color=PALETTE[i % len(PALETTE)],
+                zorder=2 + i, **_STYLES[i % len(_STYLES)])  # fmt: skip
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, loc="left")
@@ -110,6 +121,42 @@ def lines(
         ax.set_xticks(list(x))
     if len(present) > 1:
         ax.legend(frameon=False, fontsize=8, loc="best")
+    return _svg(fig)
+
+
+def panels(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float | None]],
+    *,
+    title: str,
+    xlabel: str = "step",
+    columns: int = 3,
+) -> str | None:
+    """Small multiples: one panel per series over x, each on its own y scale (a loss near 0.01 and a
+    length near 500 both readable, no line under another); all-missing series are left out, None when
+    every one is."""
+    from matplotlib.ticker import MaxNLocator
+
+    present = {k: v for k, v in series.items() if any(y is not None for y in v)}
+    if not x or not present:
+        return None
+    cols = min(columns, len(present))
+    rows = -(-len(present) // cols)
+    fig = _figure(width=5.6, height=1.55 * rows + 0.45)
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True)
+    for i, (name, ys) in enumerate(present.items()):
+        ax = axes[i // cols][i % cols]
+        ax.plot(x, [float("nan") if y is None else y for y in ys], color=PALETTE[i % len(PALETTE)],
+                marker="o", ms=2.5, linewidth=1.4)  # fmt: skip
+        ax.set_title(name, loc="left", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
+        if i // cols == rows - 1 or i + cols >= len(present):
+            ax.set_xlabel(xlabel, fontsize=7)
+            ax.tick_params(labelbottom=True)
+    for j in range(len(present), rows * cols):
+        axes[j // cols][j % cols].set_visible(False)
+    fig.suptitle(title, x=0.01, ha="left", fontsize=9)
     return _svg(fig)
 
 

@@ -145,6 +145,7 @@ def test_report_renders_offline_with_every_plot(embedded_local_run, browser, tmp
     captions = [p["caption"] for p in state["plots"]]
     for expected in ("rows per split: in the parquet, converted", "validation verdicts per split",
                      "reward mean and resolved share per step", "share of zero-variance groups per step",
+                     "policy loss, grad norm, entropy, response length per step",
                      "KL loss per step", "PPO clip and TIS-clip fractions per step",
                      "step time: rollout / train / weight sync", "validation outcome per strategy",
                      "F2P / P2P tests per synthesized task", "SFT training loss per step"):  # fmt: skip

@@ -137,3 +137,28 @@ def test_a_malformed_artifact_is_named(tree, tmp_path):
     with pytest.raises(ReportError, match=r"grpo/run1/metrics\.jsonl: line 2: not JSON"):
         write_report(paths, tmp_path / "r.html", root=tree)
     assert not (tmp_path / "r.html").exists()
+
+
+def test_the_training_curves_get_their_own_panels_and_no_line_hides_another(tree, tmp_path):
+    """Loss, grad norm, entropy and response length each in a panel of its own; two equal series (the
+    reward mean and the resolved share of 0/1 rewards) drawn in styles that both show."""
+    from sweflow.report import plots
+
+    metrics_file = tree / "results/ds/grpo/run1/metrics.jsonl"
+    rows = [json.loads(x) for x in metrics_file.read_text().splitlines()]
+    for i, m in enumerate(rows, 1):
+        m.update(policy_loss=-0.01 * i, grad_norm=0.5 * i, entropy=2.0 - 0.1 * i, tis_weight_mean=1.0)
+    metrics_file.write_text("".join(json.dumps(m) + "\n" for m in rows))
+    write_report(find_artifacts(tree, dataset="ds", splits=["train"]), tmp_path / "r.html", root=tree)
+    page = (tmp_path / "r.html").read_text()
+    figs = dict(re.findall(r'<figure class="plot" data-plot="([^"]+)">(<svg.*?</svg>)', page, re.S))
+    curves = figs["policy loss, grad norm, entropy, response length per step"]
+    for panel in ("policy loss", "grad norm", "entropy", "response tokens per sample", "TIS weight mean"):
+        assert f">{panel}</text>" in curves, panel
+    # equal series: a solid wide line and a dashed narrow one with other markers, the second on top
+    svg = plots.lines([1, 2, 3], {"reward mean": [0, 1, 1], "resolved share": [0, 1, 1]}, title="t")
+    widths = re.findall(r"stroke-width: ([\d.]+)", svg)
+    assert "stroke-dasharray" in svg and len(set(widths)) >= 2, widths
+    # a series with no value at all gets no panel; nothing at all, no figure
+    assert ">b</text>" not in plots.panels([1, 2], {"a": [1, 2], "b": [None, None]}, title="t")
+    assert plots.panels([1, 2], {"b": [None, None]}, title="t") is None
