@@ -81,6 +81,8 @@ rule warm_start:
 
 # One allocation of `nodes` nodes under profiles/slurm: the verl engine's launcher starts Ray on every node
 # with srun (mpi="srun": the shell runs in the batch step itself); the TRL engine runs on the first node.
+# The run's tensorboard/ and wandb/ folders (train.tracking) are written beside the outputs, not declared:
+# event files carry timestamps, nothing downstream reads them, and a resumed run appends to them.
 rule train_grpo:
     input:
         tasks=f"results/{{dataset}}/{TRAIN['split']}/tasks.valid.jsonl",
