@@ -105,6 +105,15 @@ def _variants(env):
         f"def _forge():\n    _os.write(1, b'{forged_lines}')\n    _os._exit(0)\n\n\n_atexit.register(_forge)\n"
     )
     out.append(("forged_passed", inst, env.make_patch(base, {tok: forge}), env.provider))
+
+    # 7. tests that yield no canary: the only required tests are parametrized, no PASS_TO_PASS to clone
+    param = ('import pytest\n\nfrom calclib.tokenizer import tokenize\n\n\n'
+             '@pytest.mark.parametrize("text", ["6.02e23", "1E3"])\ndef test_sci(text):\n'
+             '    assert len(tokenize(text)) == 2\n')  # fmt: skip
+    test_patch = env.make_patch(base, {"tests/test_sci.py": param}, on_top_of=inst["test_patch"])
+    bare = {**inst, "test_patch": test_patch, "PASS_TO_PASS": [],
+            "FAIL_TO_PASS": ["tests/test_sci.py::test_sci[6.02e23]", "tests/test_sci.py::test_sci[1E3]"]}  # fmt: skip
+    out.append(("no_canary", bare, inst["patch"], env.provider))
     return out
 
 
@@ -117,6 +126,12 @@ EXPECTED = {
     # atexit + os._exit is code reaching for the test run: refused before a sandbox (the host-grading
     # side of such forgeries is in test_attacks_reward.py)
     "forged_passed": ("gold_fails", "suspicious_test_tampering"),
+    # gold resolves, but nothing guards its runs: out of training unless validation.allow_unguarded
+    "no_canary": (
+        "unguarded",
+        "no canary could be planted in 2 of 2 gold runs (pytest runner): its tests yield "
+        "none to clone, so a forged test report would be paid",
+    ),  # fmt: skip
 }
 
 
@@ -149,6 +164,10 @@ def test_broken_variants_get_the_right_verdict(sample_env):  # noqa: F811
         "calclib/tokenizer.py"
     ]
     assert "git apply failed" in got["does_not_apply"]["runs"][0]["output_tail"]
+    assert all(r["canaries"] == 0 and r["canary_family"] == "pytest" for r in got["no_canary"]["runs"])
+    assert (
+        got["no_canary"]["gold"] == {"resolved": 2, "runs": 2} and got["no_canary"]["empty"]["resolved"] == 0
+    )
 
 
 # ----- infrastructure failures in real (local) sandboxes ---------------------------------------------------
