@@ -22,6 +22,7 @@ from ..rulekit import from_snakemake
 from ..sandbox.settings import SandboxSettings
 from ..schema import default
 from ..train.engines import ENGINES, EngineRun
+from ..train.preempt import TimeLimitStop
 from ..train.proxy_settings import ProxySettings, cloud_reach_problem
 from ..util import (
     atomic_write,
@@ -253,6 +254,14 @@ def _checkpoints(work: Path) -> list[dict[str, Any]]:
     return found
 
 
+def _record_attempt(work: Path, record: dict[str, Any]) -> None:
+    """One line of work/attempts.jsonl per attempt that ended on its own: stopped before the time limit
+    (and at which update), or finished (from which update). The Slurm job id says which job it was."""
+    line = json.dumps({"job": os.environ.get("SLURM_JOB_ID") or None, **record}, sort_keys=True) + "\n"
+    with open(work / "attempts.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(line)
+
+
 # The run's folder is results/<dataset>/grpo/<run>/. Its declared outputs (summary.json, metrics.jsonl,
 # rollouts/, final/) are published at the end; the working state (work/: checkpoints/, the live metrics.jsonl
 # and rollouts/) is not an output, so an interrupted run that Snakemake reruns resumes from its last complete
@@ -290,9 +299,14 @@ def train_grpo_step(
         train=train, sandbox=sandbox, provider=provider, rows=rows, model_dir=model_dir
     )
     work = _prepare_work(run_dir, fingerprint)
-    result = ENGINES[recipe.engine](
-        EngineRun(recipe, tasks, rows, model_dir, work, train, proxy, settings, provider, megatron_dir)
-    )
+    try:
+        result = ENGINES[recipe.engine](
+            EngineRun(recipe, tasks, rows, model_dir, work, train, proxy, settings, provider, megatron_dir)
+        )
+    except TimeLimitStop as exc:
+        _record_attempt(work, {"stopped_at": exc.step, "why": exc.problem})
+        raise
+    _record_attempt(work, {"finished": result.get("steps"), "resumed_from": result.get("resumed_from_step")})
     _publish(work, outputs)
     metrics = [json.loads(x) for x in Path(outputs["metrics"]).read_text().splitlines() if x.strip()]
     summary = {

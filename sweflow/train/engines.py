@@ -22,6 +22,7 @@ from ..errors import TrainError
 from ..sandbox.settings import SandboxSettings
 from ..schema import default
 from ..util import atomic_write, atomic_write_json, read_json
+from .preempt import STOPPED, TimeLimitStop
 from .proxy_settings import ProxySettings
 from .recipe import Recipe
 from .tracking import Tracking, run_info, write_tracking
@@ -91,6 +92,7 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     result_file = work / "result.json"
     result_file.unlink(missing_ok=True)
+    (work / STOPPED).unlink(missing_ok=True)
     spec = {
         "rows": rows,
         "model_dir": str(model_dir),
@@ -108,6 +110,14 @@ def run_trl(r: EngineRun) -> dict[str, Any]:
     # never on disk
     env = {**os.environ, launch.SPEC_ENV: json.dumps(spec)}
     proc = subprocess.run(plan.argv, env=env, check=False)
+    if proc.returncode != 0 and (work / STOPPED).exists():  # torchrun's own status is 1 whatever the rank's
+        raise TimeLimitStop(
+            f"the {plan.world_size} TRL processes saved a checkpoint and stopped: "
+            f"{read_json(work / STOPPED).get('why')}",
+            step=read_json(work / STOPPED).get("step"),
+            file=str(logs),
+            hint="a retry of the job (or a rerun) resumes from that checkpoint",
+        )
     if proc.returncode != 0 or not result_file.exists():
         raise TrainError(
             f"the {plan.world_size} TRL processes exited with status {proc.returncode}",

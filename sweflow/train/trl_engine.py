@@ -215,6 +215,19 @@ def train_trl(
                     )
                 )
             result = trainer.train(resume_from_checkpoint=last)
+    trainer.stop_clock.close()
+    if trainer.stopped_for is not None:
+        # checkpoint-<step> is saved and complete: nothing is published, the retry resumes from it
+        from .preempt import STOPPED, TimeLimitStop
+
+        step = int(trainer.state.global_step)
+        if trainer.accelerator.is_main_process:  # what the rule's process reads after torchrun's exit
+            atomic_write(out / STOPPED, json.dumps({"step": step, "why": trainer.stopped_for}) + "\n")
+        raise TimeLimitStop(
+            f"stopped at update {step} of {max_steps} with checkpoint-{step} saved: {trainer.stopped_for}",
+            step=step,
+            hint="a retry of the job (or a rerun) resumes from that checkpoint",
+        )
     # written beside, then renamed: a kill during the save leaves the last final folder or none, never a mix
     final, tmp = out / "final", out / "final.tmp"
     if trainer.accelerator.is_main_process:

@@ -15,11 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from ..proxy.engines import TransformersEngine
 from ..util import atomic_write
 from .algos import LossConfig, group_advantages, grpo_loss, whiten
+from .preempt import StopClock
 from .recipe import Recipe
 from .rollouts import Completion, completion_of, sample_record, step_stats
 
@@ -76,6 +78,39 @@ def _reward_from_rollout(prompts: Any, completions: Any, **kwargs: Any) -> list[
 _reward_from_rollout.__name__ = "fresh_evaluation"
 
 
+class StopAtBoundary(TrainerCallback):
+    """At the end of each rollout step (the last of its `updates_per_step` updates): save and stop when the
+    trainer's StopClock says so on any process (sweflow.train.preempt); every process stops at the same step."""
+
+    def __init__(self, trainer: SweflowGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # a resumed run goes on numbering its rollout steps (session ids, their sampling seeds, the
+        # rollouts/step-<n>.jsonl files) where the checkpoint left off, as the uninterrupted run does
+        self.trainer._generation = int(state.global_step) // self.trainer.recipe.updates_per_step
+        self.trainer.stop_clock.start()
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        import torch
+
+        t = self.trainer
+        if state.global_step % t.recipe.updates_per_step or state.global_step >= state.max_steps:
+            return control
+        why = t.stop_clock.boundary()
+        stop = why is not None
+        if t.accelerator.num_processes > 1:
+            flag = torch.tensor(float(stop), device=t.accelerator.device)
+            stop = float(t.accelerator.reduce(flag, reduction="sum")) > 0
+        if stop:
+            t.stopped_for = why or "another process was told to stop"
+            log.warning("saving checkpoint-%d and stopping: %s", state.global_step, t.stopped_for)
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
 class SweflowGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose rollouts, advantages and loss are sweflow's (see the module docstring)."""
 
@@ -107,6 +142,10 @@ class SweflowGRPOTrainer(GRPOTrainer):
             seed=recipe.seed + self.accelerator.process_index,
         )
         self.rollouts = rollouts_factory(self.policy_engine)
+        # Slurm's time limit: save and stop at a step boundary before it (sweflow.train.preempt)
+        self.stop_clock = StopClock()
+        self.stopped_for: str | None = None
+        self.add_callback(StopAtBoundary(self))
 
     # ---------------------------------------------------------------- rollouts
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -322,6 +361,7 @@ class SweflowGRPOTrainer(GRPOTrainer):
 
         from .resume import write_checkpoint_marker
 
+        t0 = time.monotonic()
         super()._save_checkpoint(model, trial)
         # every process has written its part (RNG states, shards) before the marker says the folder is whole
         self.accelerator.wait_for_everyone()
@@ -330,6 +370,7 @@ class SweflowGRPOTrainer(GRPOTrainer):
                 Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
             write_checkpoint_marker(folder, int(self.state.global_step))
+        self.stop_clock.saved(time.monotonic() - t0)
 
     # ---------------------------------------------------------------- metrics
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

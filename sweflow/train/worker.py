@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import SweflowError
 from ..util import atomic_write_json, setup_logging
 from .launch import SPEC_ENV
+from .preempt import EXIT_TIME_LIMIT, TimeLimitStop
 
 
 # Every rank rolls out its share of each step through its own proxy and sandboxes; torch.distributed (gloo on
@@ -98,6 +99,9 @@ def main() -> int:
             tracking_dir=spec.get("tracking_dir"),
             attach=spec.get("attach"),
         )
+    except TimeLimitStop as exc:
+        log.warning("%s", exc.one_line())
+        return EXIT_TIME_LIMIT
     except SweflowError as exc:
         log.error("%s", exc.one_line())
         return 1
