@@ -79,6 +79,13 @@ rule warm_start:
         "../scripts/warm_start.py"
 
 
+from sweflow.train.preempt import grpo_retries, slurm_signal_option
+
+GRPO_RETRIES = grpo_retries(
+    TRAIN["total_steps"], TRAIN["save_every"], main_process=workflow.is_main_process
+)
+
+
 # One allocation of `nodes` nodes under profiles/slurm: the verl engine's launcher starts Ray on every node
 # with srun (mpi="srun": the shell runs in the batch step itself); the TRL engine runs on the first node.
 # The run's tensorboard/ and wandb/ folders (train.tracking) are written beside the outputs, not declared:
@@ -96,6 +103,9 @@ rule train_grpo:
         final=directory("results/{dataset}/grpo/{run}/final"),
     log:
         "logs/{dataset}/train_grpo/{run}.log",
+    # Slurm's time limit (sweflow.train.preempt, docs/slurm.md): the trainer saves and stops at a step boundary
+    # before it, and a new job resumes from that checkpoint, as often as the run has save intervals
+    retries: GRPO_RETRIES
     conda:
         "../envs/train-verl.yaml" if TRAIN["engine"] == "verl" else "../envs/train.yaml"
     # every core the run gives it (local runs cap threads at --cores; on a cluster workflow.cores is undefined,
@@ -110,7 +120,7 @@ rule train_grpo:
         mpi="srun" if TRAIN_NODES > 1 else "",
         # GPUs per node (gres is per node; the plugin's gpu= would be a per-job total)
         gres=f"gpu:{TRAIN_GPUS}" if TRAIN_GPUS else "",
-        slurm_extra="--ntasks-per-node=1 --exclusive",
+        slurm_extra=f"--ntasks-per-node=1 --exclusive {slurm_signal_option()}",
     params:
         provider=PROVIDER,
         # secrets stay out of params (recorded in clear): the script reads the live sections from config
