@@ -262,6 +262,29 @@ def _record_attempt(work: Path, record: dict[str, Any]) -> None:
         fh.write(line)
 
 
+def _start_attempt(work: Path, engine: str, attempt: int) -> None:
+    """Record this attempt's start in work/attempts.jsonl; a retry that would repeat attempts which made no
+    progress fails at once instead (sweflow.train.preempt.no_progress)."""
+    from ..train.preempt import no_progress
+
+    if engine == "verl":
+        from ..train.verl_engine import latest_checkpoint_step
+
+        from_step = latest_checkpoint_step(work / "checkpoints") or 0
+    else:
+        from ..train.resume import last_complete_checkpoint
+
+        found = last_complete_checkpoint(work / "checkpoints")
+        from_step = int(found.name.rsplit("-", 1)[-1]) if found else 0
+    path = work / "attempts.jsonl"
+    records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    why = no_progress(records, attempt=attempt, from_step=from_step)
+    if why:
+        raise TrainError(f"not retrying: {why}", file=str(path),
+                         hint="see the training log; after a fix, rerun the same command (it resumes)")  # fmt: skip
+    _record_attempt(work, {"attempt": attempt, "started_from": from_step})
+
+
 # The run's folder is results/<dataset>/grpo/<run>/. Its declared outputs (summary.json, metrics.jsonl,
 # rollouts/, final/) are published at the end; the working state (work/: checkpoints/, the live metrics.jsonl
 # and rollouts/) is not an output, so an interrupted run that Snakemake reruns resumes from its last complete
@@ -277,10 +300,12 @@ def train_grpo_step(
     sandbox: Mapping[str, Any],
     provider: str,
     megatron_dir: str | None = None,
+    attempt: int = 1,
 ) -> dict[str, Any]:
     """The train_grpo rule's body: GRPO on the valid tasks with the configured engine, then the outputs.
 
-    `outputs`: summary, metrics, rollouts, final (paths of the rule's declared outputs).
+    `outputs`: summary, metrics, rollouts, final (paths of the rule's declared outputs); `attempt`:
+    Snakemake's attempt number (a retry after attempts without progress fails at once).
     """
     from ..train.recipe import Recipe, check_recipe
     from ..train.resume import run_fingerprint
@@ -299,6 +324,7 @@ def train_grpo_step(
         train=train, sandbox=sandbox, provider=provider, rows=rows, model_dir=model_dir
     )
     work = _prepare_work(run_dir, fingerprint)
+    _start_attempt(work, recipe.engine, attempt)
     try:
         result = ENGINES[recipe.engine](
             EngineRun(recipe, tasks, rows, model_dir, work, train, proxy, settings, provider, megatron_dir)

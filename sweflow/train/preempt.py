@@ -146,3 +146,27 @@ def grpo_retries(total_steps: int, save_every: int, *, main_process: bool = True
 def slurm_signal_option(lead_s: int = SIGNAL_LEAD_S) -> str:
     """The sbatch option that has Slurm signal the trainer `lead_s` seconds before the time limit."""
     return f"--signal=URG@{int(lead_s)}"
+
+
+# work/attempts.jsonl: {"job", "attempt", "started_from"} when an attempt starts, then {"job", "stopped_at",
+# "why"} or {"job", "finished", "resumed_from"} when it ends on its own; a crash or a kill leaves the start alone.
+CRASHES_BEFORE_GIVING_UP = 2
+
+
+def no_progress(records: list[dict], *, attempt: int, from_step: int) -> str | None:
+    """Why a Snakemake retry (`attempt` > 1) must not train again: the last CRASHES_BEFORE_GIVING_UP attempts
+    started from `from_step` too and ended without stopping or finishing (a crash, or a step longer than the
+    job's time); None when it may. A first attempt (a rerun by hand) always may."""
+    if attempt <= 1:
+        return None
+    crashed = 0
+    for rec in reversed(records):
+        if "started_from" not in rec:
+            break  # an attempt that stopped or finished: progress was made
+        if rec["started_from"] != from_step:
+            break
+        crashed += 1
+    if crashed >= CRASHES_BEFORE_GIVING_UP:
+        return (f"the last {crashed} attempts started at update {from_step} and ended without a checkpoint "
+                "(a crash, or a step longer than the job's time limit)")  # fmt: skip
+    return None

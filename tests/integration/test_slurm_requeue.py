@@ -61,13 +61,17 @@ def test_a_time_limit_mid_run_is_saved_retried_and_finished_with_every_step(slur
     # the first job stopped itself at a step boundary with a complete checkpoint, then a second job resumed
     jobs = re.findall(r"submitted with SLURM jobid (\d+)", out)
     assert len(jobs) == 2, out[-4000:]
-    attempts = [json.loads(x) for x in (work / "grpo/work/attempts.jsonl").read_text().splitlines()]
-    assert [a["job"] for a in attempts] == jobs, attempts
+    records = [json.loads(x) for x in (work / "grpo/work/attempts.jsonl").read_text().splitlines()]
+    starts = [r for r in records if "started_from" in r]
+    attempts = [r for r in records if "started_from" not in r]
+    assert [a["job"] for a in attempts] == jobs, records
     stopped_at, why = attempts[0]["stopped_at"], attempts[0]["why"]
     print(f"job {jobs[0]} stopped at update {stopped_at}: {why}; job {jobs[1]} resumed")
     assert 0 < stopped_at < STEPS
     assert "the job got SIGURG" in why or "before Slurm's time limit" in why, why
     assert attempts[1] == {"job": jobs[1], "finished": STEPS, "resumed_from": stopped_at}, attempts
+    assert starts == [{"job": jobs[0], "attempt": 1, "started_from": 0},
+                      {"job": jobs[1], "attempt": 2, "started_from": stopped_at}], records  # fmt: skip
     assert "TIMEOUT" not in out  # it ended before Slurm had to kill it
 
     summary = json.loads((work / "grpo/summary.json").read_text())

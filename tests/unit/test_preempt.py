@@ -20,6 +20,7 @@ from sweflow.train.preempt import (
     EXIT_TIME_LIMIT,
     StopClock,
     grpo_retries,
+    no_progress,
     parse_time_left,
     slurm_signal_option,
 )
@@ -95,6 +96,20 @@ def test_retries_are_sized_to_the_save_intervals_and_only_the_main_snakemake_ret
     assert slurm_signal_option(120) == "--signal=URG@120"
 
 
+def test_a_retry_after_two_attempts_without_progress_fails_at_once():
+    start = lambda step: {"job": "1", "attempt": 2, "started_from": step}  # noqa: E731
+    stopped = {"job": "1", "stopped_at": 4, "why": "the job got SIGURG"}
+    # stopped at 4, then one crash at 4: a transient fault may pass, retry
+    assert no_progress([start(0), stopped, start(4)], attempt=3, from_step=4) is None
+    # two crashes at 4: the third would be the same
+    why = no_progress([start(0), stopped, start(4), start(4)], attempt=4, from_step=4)
+    assert why and "the last 2 attempts started at update 4" in why
+    # a crash at 4 then one at 8 made progress in between (a save): retry
+    assert no_progress([start(4), start(8)], attempt=3, from_step=8) is None
+    # a rerun by hand (attempt 1) always trains
+    assert no_progress([start(4), start(4), start(4)], attempt=1, from_step=4) is None
+
+
 @pytest.mark.slow
 def test_a_signalled_training_process_saves_exits_75_and_the_rerun_finishes_every_step(tmp_path):
     """The train_grpo rule's body on the tiny model (tests/fixtures/slurm_requeue/toy_train.py), a real
@@ -116,7 +131,7 @@ def test_a_signalled_training_process_saves_exits_75_and_the_rerun_finishes_ever
     text = log.read_text()
     assert rc == EXIT_TIME_LIMIT, text[-3000:]
     work = tmp_path / "grpo" / "work"
-    attempt = json.loads((work / "attempts.jsonl").read_text())
+    attempt = [json.loads(x) for x in (work / "attempts.jsonl").read_text().splitlines()][-1]
     stopped = attempt["stopped_at"]
     assert 3 <= stopped < 8 and "the job got SIGUSR1" in attempt["why"], attempt
     from sweflow.train.resume import checkpoint_problem
