@@ -147,6 +147,31 @@ class SweflowGRPOTrainer(GRPOTrainer):
         self.stopped_for: str | None = None
         self.add_callback(StopAtBoundary(self))
 
+    # ---------------------------------------------------------------- task order
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        """TRL's RepeatSampler, whose shuffle draws one permutation per epoch from a generator seeded once; a
+        resumed run makes a new one, so it would visit the tasks in epoch 1's order again. Its first pass
+        here first draws the permutations of the epochs the checkpoint completed: the uninterrupted order."""
+        sampler = super()._get_train_sampler(dataset)
+        if not getattr(sampler, "shuffle", False) or getattr(sampler, "generator", None) is None:
+            return sampler
+        trainer = self
+
+        class ResumedOrder(type(sampler)):  # type: ignore[misc]
+            _caught_up = False
+
+            def __iter__(self):  # noqa: ANN204
+                import torch
+
+                if not self._caught_up:
+                    self._caught_up = True
+                    for _ in range(int(trainer.state.epoch or 0)):
+                        torch.randperm(self.num_samples, generator=self.generator)
+                return super().__iter__()
+
+        sampler.__class__ = ResumedOrder
+        return sampler
+
     # ---------------------------------------------------------------- rollouts
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         self._rows = [json.loads(x["sweflow_row"]) for x in inputs]

@@ -78,6 +78,7 @@ def test_a_time_limit_mid_run_is_saved_retried_and_finished_with_every_step(slur
     uninterrupted = json.loads((tmp_path / "plain/grpo/summary.json").read_text())
     assert summary["resumed_from_step"] == stopped_at and uninterrupted["resumed_from_step"] is None
     assert summary["steps"] == uninterrupted["steps"] == STEPS
+    assert summary["final_weights"] == uninterrupted["final_weights"]
     assert _steps(work) == _steps(tmp_path / "plain") == list(range(1, STEPS + 1))
     rollouts = sorted(p.name for p in (work / "grpo/rollouts").iterdir())
     assert rollouts == sorted(f"step-{i}.jsonl" for i in range(1, STEPS + 1))

@@ -114,7 +114,7 @@ def test_a_retry_after_two_attempts_without_progress_fails_at_once():
 def test_a_signalled_training_process_saves_exits_75_and_the_rerun_finishes_every_step(tmp_path):
     """The train_grpo rule's body on the tiny model (tests/fixtures/slurm_requeue/toy_train.py), a real
     process: SIGUSR1 after its third step -> checkpoint at the next boundary, status 75, nothing published;
-    the rerun resumes there and ends with the uninterrupted run's 8 steps and rollout files."""
+    the rerun resumes there and ends with the uninterrupted run's 8 steps, rollout files and weights."""
     pytest.importorskip("trl")
     summary = tmp_path / "grpo" / "summary.json"
     cmd = [sys.executable, "-m", "tests.fixtures.slurm_requeue.toy_train", str(summary), "--steps", "8",
@@ -146,6 +146,13 @@ def test_a_signalled_training_process_saves_exits_75_and_the_rerun_finishes_ever
     assert out["steps"] == 8 and out["resumed_from_step"] == stopped
     steps = [json.loads(x)["step"] for x in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
+    # the same weights as the uninterrupted run: the same tasks in the same order, the same samples
+    plain = tmp_path / "plain" / "grpo" / "summary.json"
+    res = subprocess.run(
+        [*cmd[:3], str(plain), *cmd[4:]], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert out["final_weights"] == json.loads(plain.read_text())["final_weights"]
     # the resumed run numbered its rollout steps on from the checkpoint: one file per step, none rewritten
     records = {p.name: json.loads(p.read_text().splitlines()[0])["step"]
                for p in (tmp_path / "grpo" / "rollouts").glob("step-*.jsonl")}  # fmt: skip
