@@ -157,3 +157,31 @@ def test_a_signalled_training_process_saves_exits_75_and_the_rerun_finishes_ever
     records = {p.name: json.loads(p.read_text().splitlines()[0])["step"]
                for p in (tmp_path / "grpo" / "rollouts").glob("step-*.jsonl")}  # fmt: skip
     assert records == {f"step-{i}.jsonl": i for i in range(1, 9)}
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_data_parallel_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """2 TRL ranks under torchrun (gloo, tests/fixtures/toy_dp_stop.py); only rank 1 gets SIGUSR1, during its
+    third step: both stop after update 3 with the same weights, and one complete checkpoint-3."""
+    pytest.importorskip("trl")
+    from sweflow.offline.tiny_model import build_tiny_model
+    from sweflow.train.preempt import STOPPED
+    from sweflow.train.resume import checkpoint_problem
+    from sweflow.util import free_port
+
+    model = build_tiny_model(tmp_path / "model")
+    out = tmp_path / "run"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+           str(ROOT / "tests" / "fixtures" / "toy_dp_stop.py"), str(out), str(model)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert [r["stopped"] for r in ranks] == [3, 3], ranks
+    assert ranks[0]["end"] == ranks[1]["end"]
+    assert json.loads((out / STOPPED).read_text())["step"] == 3
+    assert checkpoint_problem(out / "checkpoints" / "checkpoint-3") is None
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
