@@ -79,7 +79,7 @@ rule warm_start:
         "../scripts/warm_start.py"
 
 
-from sweflow.train.preempt import grpo_retries, slurm_signal_option
+from sweflow.stages.common import grpo_retries, slurm_signal_option
 
 GRPO_RETRIES = grpo_retries(
     TRAIN["total_steps"], TRAIN["save_every"], main_process=workflow.is_main_process

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..dataset.image_names import image_key
 from ..smith.candidates import FIRST_STRATEGIES as SMITH_FIRST_STRATEGIES  # noqa: F401 - for rules/smith.smk
+from ..train.preempt import grpo_retries, slurm_signal_option  # noqa: F401 - for rules/train.smk
 
 
 def image_keys_from_listing(listing: str | os.PathLike) -> list[str]:

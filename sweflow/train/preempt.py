@@ -1,10 +1,6 @@
-"""Slurm's time limit as a normal event: stop at a step boundary with a checkpoint, then a retry resumes.
-
-`StopClock` tells a trainer, at each step boundary, whether to save and stop now: when Slurm signalled the
-job (`STOP_SIGNALS`) or when the time the job has left (asked of Slurm by $SLURM_JOB_ID) is less than the
-next step plus its save, with a margin. The run then raises `TimeLimitStop` (a TRL rank exits with
-`EXIT_TIME_LIMIT`), the rule fails without publishing, and Snakemake's retry (`grpo_retries`) resumes from
-that checkpoint. See docs/slurm.md.
+"""Slurm's time limit as a normal event: `StopClock` says at each step boundary whether to save and stop
+(signalled, or the job's time left is less than a step and a save); the run then raises `TimeLimitStop`, and
+the rule's retries (`grpo_retries`) resume it in a new job. See docs/slurm.md.
 """
 
 from __future__ import annotations
