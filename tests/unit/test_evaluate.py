@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import shlex
 
 import pytest
 
@@ -297,7 +298,11 @@ def test_resolved_run_resets_applies_runs_the_official_script_and_grades_on_the_
     assert sb.written["/tmp/.sweflow/patch.diff"] == SRC_PATCH.encode()
     script = sb.written[HOST_SCRIPT].decode()
     assert "git apply -v - <<'EOF_" in script, "the official script, test patch included"
-    assert "SWEFLOW_TEST_EXIT_CODE" not in script and script.endswith('exit "${sweflow_test_rc:-1}"\n')
+    assert "SWEFLOW_TEST_EXIT_CODE" not in script
+    # the test section runs in a shell that replaces the setup's (`sealed`), ending with the test's status
+    setup, run = script.split("{ set +x; } 2>/dev/null\n")
+    assert "git apply" in setup and run.startswith("exec bash --noprofile --norc -c ")
+    assert shlex.split(run)[5].endswith('exit "${sweflow_test_rc:-1}"\n') and "git apply" not in run
     [(cmd, timeout, cwd)] = sb.logged
     assert cmd.startswith("timeout -k 30 1200 bash -c ") and "rm -f /tmp/.sweflow/host-eval.sh" in cmd
     assert cwd == "/testbed" and 1200 < timeout <= 1260 + 120
