@@ -1,12 +1,13 @@
 """Experiment tracking: the `train.tracking` section as one typed setting, and sweflow's metrics as scalars.
 
-Both engines write the same `metrics.jsonl` names; `MetricsWriter` mirrors each row to TensorBoard as
-`sweflow/<name>` (and to W&B when it is on), so a TRL run and a verl run show the same tags. The engine's
-own names go beside them: TRL's `report_to` (its TensorBoard callback under `<run>/tensorboard/trl`), verl's
-`trainer.logger` (under `<run>/tensorboard/verl`, through $TENSORBOARD_DIR). Tracking is operational: it
-never changes the weights (config/keys.yaml). W&B is off unless enabled; its default mode is offline (files
-under `<run>/wandb/`, nothing sent, no key needed).
+`MetricsWriter` mirrors each `metrics.jsonl` row to TensorBoard as `sweflow/<name>` (W&B when it is on).
 """
+
+# Both engines write the same `metrics.jsonl` names, so a TRL run and a verl run show the same tags. The
+# engine's own names go beside them: TRL's `report_to` (its TensorBoard callback under `<run>/tensorboard/trl`),
+# verl's `trainer.logger` (under `<run>/tensorboard/verl`, through $TENSORBOARD_DIR). Tracking is operational:
+# it never changes the weights (config/keys.yaml). W&B is off unless enabled; its default mode is offline
+# (files under `<run>/wandb/`, nothing sent, no key needed).
 
 from __future__ import annotations
 
