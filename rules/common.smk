@@ -341,6 +341,27 @@ def sft_files(pattern):
     ]
 
 
+def _valid_rows_of(dataset, split):
+    """(row folder, valid ids in file order) of a split once the valid_rows checkpoint has run."""
+    from sweflow.stages.common import listed_ids
+
+    out = checkpoints.valid_rows.get(dataset=dataset, split=split).output
+    return out.rows, listed_ids(out.listing)
+
+
+def sft_rows(wildcards):
+    """The row files of one SFT shard's valid tasks (a stable hash of the instance id picks the shard, after
+    sft.collect.limit): a changed verdict elsewhere leaves this shard's inputs as they were.
+    """
+    from sweflow.stages.common import shard_ids
+
+    folder, ids = _valid_rows_of(wildcards.dataset, wildcards.split)
+    picked = shard_ids(
+        ids, int(wildcards.shard), SFT["collect"]["shards"], SFT["collect"]["limit"]
+    )
+    return [f"{folder}/{i}.jsonl" for i in picked]
+
+
 def expert_parquet(wildcards):
     """The scripted expert replays gold patches, which only the split parquet holds."""
     if SFT["collect"]["expert"]["endpoint"] != "scripted":

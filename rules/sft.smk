@@ -9,9 +9,12 @@ wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9._-]*",
 
 
+# Each shard reads its own tasks' row files (rules/common.smk: sft_rows), and every task's attempts are kept
+# in a cache outside results/ (resources/cache/sft-collect/, keyed on the task row and the settings that make
+# a trajectory): a shard that reruns never buys an unchanged task's trajectories again.
 rule collect_trajectories:
     input:
-        jsonl="results/{dataset}/{split}/tasks.valid.jsonl",
+        jsonl=sft_rows,
         template_map="results/{dataset}/template-map.json",
         parquet=expert_parquet,
     output:
@@ -34,7 +37,7 @@ rule collect_trajectories:
 rule evaluate_predictions:
     input:
         predictions="results/{dataset}/sft/predictions/{split}/{shard}.jsonl.gz",
-        jsonl="results/{dataset}/{split}/tasks.valid.jsonl",
+        jsonl=sft_rows,
     output:
         evaluations="results/{dataset}/sft/evaluations/{split}/{shard}.jsonl",
         evidence="results/{dataset}/sft/evaluations/{split}/{shard}.evidence.jsonl.gz",

@@ -68,3 +68,22 @@ rule validation_summary:
         allow_unguarded=config["validation"]["allow_unguarded"],
     script:
         "../scripts/validation_summary.py"
+
+
+# One row file per valid task (the line of tasks.valid.jsonl), byte-stable: the e2e check and the SFT shards
+# read their own tasks' files (rules/common.smk: e2e_rows, sft_rows), so one changed verdict reruns only the
+# work of its task. A checkpoint, so that jobs whose files kept their bytes are not planned again.
+checkpoint valid_rows:
+    input:
+        valid="results/{dataset}/{split}/tasks.valid.jsonl",
+    output:
+        rows=directory("results/{dataset}/{split}/valid-rows"),
+        listing="results/{dataset}/{split}/valid-rows.txt",
+    log:
+        "logs/{dataset}/valid_rows/{split}.log",
+    # well under a second of work on small files: not worth a cluster job
+    localrule: True
+    conda:
+        "../envs/agent.yaml"
+    script:
+        "../scripts/valid_rows.py"

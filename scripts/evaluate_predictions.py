@@ -6,7 +6,7 @@ smk = snakemake  # noqa: F821
 with from_snakemake(smk, f"{smk.scriptdir}/evaluate_predictions.py"):
     evaluate_predictions_step(
         smk.input.predictions,
-        [smk.input.jsonl],
+        list(smk.input.jsonl),
         smk.output.evaluations,
         smk.output.evidence,
         provider=smk.params.provider,

@@ -24,6 +24,15 @@ def listed_ids(listing: str | os.PathLike) -> list[str]:
     return [x.strip() for x in Path(listing).read_text().splitlines() if x.strip()]
 
 
+def shard_ids(ids: Sequence[str], shard: int, shards: int, limit: int | None) -> list[str]:
+    """The instance ids of one shard (a stable hash of the id: the same task is always in the same shard,
+    whatever the other ids) among the first `limit` ids, in their order."""
+    from ..smith.candidates import shard_of
+
+    picked = list(ids)[:limit] if limit is not None else list(ids)
+    return [i for i in picked if shard_of(i, shards) == shard]
+
+
 def model_dir_name(repo_id: str) -> str:
     """The folder under models/ of a Hub model repo: its id with / as -- (Qwen/Qwen3.5-4B -> Qwen--Qwen3.5-4B)."""
     return repo_id.replace("/", "--")

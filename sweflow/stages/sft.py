@@ -8,6 +8,7 @@ chat JSONL and SWE-smith's text form) and `train_sft_step` (TRL's SFTTrainer, sw
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import logging
 import os
@@ -24,8 +25,11 @@ from ..sandbox.registry import provider_from_config
 from ..sandbox.settings import SandboxSettings
 from ..schema import default, defaults
 from ..util import atomic_write, atomic_write_json, replace_folder, sha256_bytes
+from .common import shard_ids
 
 __all__ = [
+    "SFT_COLLECT_CACHE",
+    "collect_cache_key",
     "collect_trajectories_step",
     "evaluate_predictions_step",
     "from_snakemake",
@@ -55,10 +59,84 @@ def _valid_rows(jsonl_files: Sequence[str | os.PathLike]) -> list[dict[str, Any]
 
 def shard_rows(rows: Sequence[dict[str, Any]], shard: int, shards: int, limit: int | None) -> list[dict]:
     """The rows of one shard (by a stable hash of the instance id) after the first `limit` rows."""
-    from ..smith.candidates import shard_of
-
+    wanted = set(shard_ids([r["metadata"]["instance_id"] for r in rows], shard, shards, limit))
     picked = list(rows)[:limit] if limit is not None else list(rows)
-    return [r for r in picked if shard_of(r["metadata"]["instance_id"], shards) == shard]
+    return [r for r in picked if r["metadata"]["instance_id"] in wanted]
+
+
+# ----- the trajectory cache: a task's attempts are bought once while its row and the settings that make a
+# trajectory are unchanged. Kept outside results/ (never a declared output, so no rerun and no `--forcerun`
+# deletes it); one gzip JSON file per task, written atomically; only tasks whose every attempt completed are
+# kept (an aborted attempt is an infrastructure fault: the next run collects that task again).
+SFT_COLLECT_CACHE = "resources/cache/sft-collect"
+# sft.collect keys that pick tasks or bound a run, not what one task's trajectories are
+_NOT_IN_KEY = ("shards", "limit")
+
+
+def collect_cache_key(
+    row: Mapping[str, Any],
+    collect: Mapping[str, Any],
+    *,
+    provider: str,
+    sandbox: Mapping[str, Any] | None = None,
+    expert_patch: str | None = None,
+) -> str:
+    """sha256 of what makes one task's expert attempts: the task row (backend options applied), the result
+    settings of sft.collect but those that pick tasks (the expert's endpoint and model among them), the
+    provider and the sandbox's result settings, and the scripted expert's patch (offline only)."""
+    from ..params import canonical, result_values
+
+    settings = {k: v for k, v in result_values(dict(collect), "sft.collect").items() if k not in _NOT_IN_KEY}
+    expert = collect.get("expert") or {}
+    ident = {
+        "row": row,
+        "collect": settings,
+        "expert": {"endpoint": expert.get("endpoint"), "model": expert.get("model")},
+        "provider": provider,
+        "sandbox": result_values(dict(sandbox or {}), "sandbox"),
+        "expert_patch": expert_patch,
+    }
+    return sha256_bytes(json.dumps(canonical(ident), sort_keys=True, ensure_ascii=False))
+
+
+def _cache_file(cache_dir: str | os.PathLike, key: str) -> Path:
+    return Path(cache_dir) / f"{key}.json.gz"
+
+
+def cache_get(cache_dir: str | os.PathLike | None, key: str, attempts: int) -> list[dict[str, Any]] | None:
+    """A task's cached attempts, or None (no cache, no entry, or an unreadable one)."""
+    if not cache_dir:
+        return None
+    path = _cache_file(cache_dir, key)
+    if not path.exists():
+        return None
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            preds = json.load(fh)["predictions"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("trajectory cache entry %s unreadable (%s): collecting again", path.name, exc)
+        return None
+    return preds if isinstance(preds, list) and len(preds) == attempts else None
+
+
+def cache_put(cache_dir: str | os.PathLike | None, key: str, preds: Sequence[Mapping[str, Any]]) -> bool:
+    """Keep a task's attempts when every one completed; returns whether it was kept."""
+    if not cache_dir or not preds or any(p.get("status") != "completed" for p in preds):
+        return False
+    data = json.dumps({"key": key, "predictions": list(preds)}, ensure_ascii=False, sort_keys=True)
+    # mtime 0 in the gzip header: the same attempts give the same bytes
+    atomic_write(_cache_file(cache_dir, key), gzip.compress(data.encode("utf-8"), mtime=0))
+    return True
+
+
+def _scripted_patches(parquets: Sequence[tuple[str, str | os.PathLike]], shape: str) -> dict[str, str]:
+    """instance_id -> the gold patch the offline expert replays (the split parquets')."""
+    from .validate import gold_patches
+
+    patches: dict[str, str] = {}
+    for split, parquet in parquets:
+        patches.update(gold_patches(parquet, split=split, shape=shape))
+    return patches
 
 
 @contextlib.contextmanager
@@ -73,11 +151,8 @@ def expert_upstream(
         yield upstream_from_settings(expert)
         return
     from ..offline.expert import DEFAULT_PLAN, base_url, scripted_expert
-    from .validate import gold_patches
 
-    patches: dict[str, str] = {}
-    for split, parquet in parquets:
-        patches.update(gold_patches(parquet, split=split, shape=shape))
+    patches = _scripted_patches(parquets, shape)
     env_name = expert.get("api_key_env")
     # The offline expert checks a key like the real API does: the configured variable's value when it is
     # set (a test plants one), else a random one made here; either way it only lives in this process.
@@ -112,8 +187,10 @@ def collect_trajectories_step(
     provider: str,
     cfg: Mapping[str, Any],
     shape: str = "auto",
+    cache_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """One shard's prediction records (gzip JSON lines); returns a count summary."""
+    """One shard's prediction records (gzip JSON lines); returns a count summary. With `cache_dir`, a task
+    whose attempts are cached (same row and settings, `collect_cache_key`) is not collected again."""
     from ..proxy import ProxyConfig
     from ..trajectories.collect import collect_trajectories
 
@@ -126,14 +203,27 @@ def collect_trajectories_step(
         )
     rows = shard_rows(_valid_rows(jsonl_files), shard, int(collect["shards"]), collect.get("limit"))
     rows = _with_backend(rows, collect.get("backend_options") or {})
-    preds: list[dict[str, Any]] = []
-    if rows:
+    attempts = int(collect["attempts"])
+    scripted = _scripted_patches(parquets, shape) if collect["expert"].get("endpoint") == "scripted" else {}
+    keys = {
+        r["metadata"]["instance_id"]: collect_cache_key(
+            r, collect, provider=provider, sandbox=cfg,
+            expert_patch=scripted.get(r["metadata"]["instance_id"]) if scripted else None,
+        )
+        for r in rows
+    }  # fmt: skip
+    cached = {
+        iid: hit for iid, key in keys.items() if (hit := cache_get(cache_dir, key, attempts)) is not None
+    }
+    todo = [r for r in rows if r["metadata"]["instance_id"] not in cached]
+    bought: list[dict[str, Any]] = []
+    if todo:
         with expert_upstream(collect["expert"], parquets, shape) as upstream:
-            preds = collect_trajectories(
-                rows,
+            bought = collect_trajectories(
+                todo,
                 provider=provider_from_config(provider, settings),
                 upstream=upstream,
-                attempts=int(collect["attempts"]),
+                attempts=attempts,
                 max_concurrency=int(collect["max_concurrency"]),
                 host=str(proxy["host"]),
                 port=int(proxy["port"]),
@@ -144,12 +234,20 @@ def collect_trajectories_step(
                     max_session_in_flight=proxy["max_in_flight"],
                 ),
             )
-            text = json.dumps(preds, ensure_ascii=False)
-            if upstream.scrub(text) != text:  # the key must never reach an artifact
+            text = json.dumps(bought, ensure_ascii=False)
+            if upstream.scrub(text) != text:  # the key must never reach an artifact (nor the cache)
                 raise TrainError("a recorded trajectory contains the upstream API key", file=str(out))
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for pred in bought:
+        by_task.setdefault(pred["instance_id"], []).append(pred)
+    for iid, group in by_task.items():
+        cache_put(cache_dir, keys[iid], group)
+    by_task.update(cached)
+    preds = [p for r in rows for p in by_task.get(r["metadata"]["instance_id"], [])]
     write_evidence(out, preds)
     counts = Counter(p["status"] for p in preds)
-    log.info("shard %d: %d tasks x %s attempts: %s", shard, len(rows), collect["attempts"], dict(counts))
+    log.info("shard %d: %d tasks x %s attempts: %s; %d tasks from the cache, %d collected", shard, len(rows),
+             attempts, dict(counts), len(cached), len(todo))  # fmt: skip
     return {"tasks": len(rows), "attempts": len(preds), **counts}
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "validate_task_file",
     "validate_task_step",
     "write_task_inputs",
+    "write_valid_rows",
 ]
 
 log = logging.getLogger("sweflow.validation")
@@ -97,6 +98,29 @@ def write_task_inputs(
     ids = [iid for iid, _ in rows]
     atomic_write(listing, "".join(f"{i}\n" for i in ids))
     log.info("%d tasks to validate", len(ids))
+    return ids
+
+
+def write_valid_rows(
+    valid: str | os.PathLike, out_dir: str | os.PathLike, listing: str | os.PathLike
+) -> list[str]:
+    """One ``<instance_id>.jsonl`` per row of ``tasks.valid.jsonl`` (the row's own line) and the id listing in
+    file order (a checkpoint): the jobs downstream of validation (e2e check, SFT collection and grading) read
+    their own tasks' files, so one changed verdict reruns only that task's work. Unchanged rows keep their
+    bytes; rows no longer valid lose their file."""
+    rows = read_jsonl_rows(valid)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    keep = set()
+    for iid, line in rows:
+        write_if_changed(out / f"{iid}.jsonl", line)
+        keep.add(f"{iid}.jsonl")
+    for stale in out.glob("*.jsonl"):
+        if stale.name not in keep:
+            stale.unlink()
+    ids = [iid for iid, _ in rows]
+    write_if_changed(listing, "".join(f"{i}\n" for i in ids))
+    log.info("%d valid tasks, one row file each", len(ids))
     return ids
 
 

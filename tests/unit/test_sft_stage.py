@@ -13,7 +13,8 @@ import pytest
 from sweflow.errors import DatasetError, TrainError
 from sweflow.grading.evaluate import write_evidence
 from sweflow.smith.candidates import write_jsonl
-from sweflow.stages.sft import collect_trajectories_step, shard_rows, traj_to_messages_step
+from sweflow.stages.common import shard_ids
+from sweflow.stages.sft import collect_cache_key, collect_trajectories_step, shard_rows, traj_to_messages_step
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "trajectories"
 
@@ -93,6 +94,99 @@ def test_shards_partition_the_rows_after_the_limit():
     parts = [shard_rows(rows, k, 3, 12) for k in range(3)]
     ids = sorted(r["metadata"]["instance_id"] for p in parts for r in p)
     assert ids == sorted(f"o__r-{i}" for i in range(12)) and all(parts)
+
+
+def test_a_task_keeps_its_shard_whatever_the_other_tasks():
+    ids = [f"o__r-{i}" for i in range(40)]
+    shard = {i: k for k in range(4) for i in shard_ids(ids, k, 4, None)}
+    assert sorted(shard) == sorted(ids) and len(set(shard.values())) == 4
+    # another task added, removed or reordered: every other task stays in its shard
+    for others in (ids[1:], ids + ["o__r-new"], list(reversed(ids))):
+        now = {i: k for k in range(4) for i in shard_ids(others, k, 4, None)}
+        assert all(now[i] == shard[i] for i in others if i in shard)
+    # pinned: the hash is the same in every process and Python version (no salted hash())
+    assert [k for k in range(8) if shard_ids(["o__r-7"], k, 8, None)] == [2]
+
+
+COLLECT = {"attempts": 2, "shards": 1, "limit": None, "max_concurrency": 3, "backend_options": {},
+           "proxy": {"host": "127.0.0.1", "port": 0, "max_tokens": 32000},
+           "expert": {"endpoint": "https://api.example", "model": "claude-x", "api_key_env": "K", "timeout_s": 60}}  # fmt: skip
+
+
+def test_the_cache_key_covers_the_row_and_what_makes_a_trajectory_and_nothing_else():
+    row = {"metadata": {"instance_id": "o__r-1", "problem": "p"}, "prompt": "fix it"}
+    key = collect_cache_key(row, COLLECT, provider="local", sandbox={"provider": "local"})
+    same = [
+        collect_cache_key(json.loads(json.dumps(row, sort_keys=True)), COLLECT, provider="local",
+                          sandbox={"provider": "local"}),
+        # operational knobs, the shard count and the limit pick tasks or bound a run: same trajectories
+        collect_cache_key(row, {**COLLECT, "max_concurrency": 9, "shards": 8, "limit": 3,
+                                "expert": {**COLLECT["expert"], "timeout_s": 5, "api_key_env": "OTHER"}},
+                          provider="local", sandbox={"provider": "local"}),
+    ]  # fmt: skip
+    assert same == [key, key] and len(key) == 64
+    other = [
+        collect_cache_key({**row, "prompt": "fix it now"}, COLLECT, provider="local"),
+        collect_cache_key(row, {**COLLECT, "attempts": 3}, provider="local"),
+        collect_cache_key(row, {**COLLECT, "expert": {**COLLECT["expert"], "model": "claude-y"}}, provider="local"),
+        collect_cache_key(row, {**COLLECT, "expert": {**COLLECT["expert"], "endpoint": "https://b"}},
+                          provider="local"),
+        collect_cache_key(row, COLLECT, provider="e2b"),
+        collect_cache_key(row, COLLECT, provider="local", expert_patch="diff"),
+    ]  # fmt: skip
+    base = collect_cache_key(row, COLLECT, provider="local")
+    assert base not in other and len(set(other)) == len(other)
+
+
+def test_a_cached_task_is_never_collected_again(monkeypatch, tmp_path):
+    import sweflow.stages.sft as sft_mod
+    import sweflow.trajectories.collect as collect_mod
+    from sweflow.grading.evidence import read_evidence
+
+    bought = []
+
+    def fake(rows, *, attempts, **kw):
+        bought.extend(r["metadata"]["instance_id"] for r in rows)
+        return [{"id": f"{r['metadata']['instance_id']}.{a}", "instance_id": r["metadata"]["instance_id"],
+                 "attempt": a, "status": "aborted" if "flaky" in r["metadata"]["instance_id"] else "completed",
+                 "turns": []} for r in rows for a in range(attempts)]  # fmt: skip
+
+    monkeypatch.setattr(collect_mod, "collect_trajectories", fake)
+    monkeypatch.setattr(sft_mod, "expert_upstream", lambda *a, **k: _NoKey())
+    files = []
+    for iid in ("o__r-1", "o__r-2", "o__r-flaky"):
+        files.append(tmp_path / f"{iid}.jsonl")
+        files[-1].write_text(json.dumps({"metadata": {"instance_id": iid}, "prompt": "p"}) + "\n")
+    cache = tmp_path / "cache"
+
+    def run(name, rows):
+        out = tmp_path / f"{name}.jsonl.gz"
+        collect_trajectories_step(rows, [], out, shard=0, collect=COLLECT, provider="local", cfg={},
+                                  cache_dir=cache)  # fmt: skip
+        return out
+
+    first = run("first", files)
+    assert bought == ["o__r-1", "o__r-2", "o__r-flaky"] and len(list(cache.glob("*.json.gz"))) == 2
+    bought.clear()
+    again = run("again", files)  # only the task with an aborted attempt is collected again
+    assert bought == ["o__r-flaky"] and again.read_bytes() == first.read_bytes()
+    bought.clear()
+    files[0].write_text(json.dumps({"metadata": {"instance_id": "o__r-1"}, "prompt": "changed"}) + "\n")
+    run("changed", files[:2])
+    assert bought == ["o__r-1"]
+    assert [p["id"] for p in read_evidence(tmp_path / "changed.jsonl.gz")] == ["o__r-1.0", "o__r-1.1",
+                                                                             "o__r-2.0", "o__r-2.1"]  # fmt: skip
+
+
+class _NoKey:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def scrub(self, text):
+        return text
 
 
 def test_a_trajectory_holding_the_key_fails_the_collection_job(monkeypatch, tmp_path):

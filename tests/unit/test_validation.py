@@ -11,7 +11,7 @@ from sweflow.errors import DatasetError
 from sweflow.grading.evaluate import EvalResult
 from sweflow.grading.task_validation import decide, validate_task
 from sweflow.sandbox.settings import NetworkSettings
-from sweflow.stages.validate import summarize, write_task_inputs
+from sweflow.stages.validate import summarize, write_task_inputs, write_valid_rows
 from sweflow.util import jsonl_line, read_json
 
 
@@ -384,3 +384,22 @@ def test_a_failed_verdict_carries_the_detail_that_counts_every_failing_test():
         "gold_fails",
         f"pass_to_pass_regression x2 — {detail}",
     )
+
+
+def test_valid_rows_are_one_byte_stable_file_per_task(tmp_path):
+    """The per-task inputs downstream of validation: a changed verdict touches only its task's file."""
+    rows = {
+        i: jsonl_line({"metadata": {"instance_id": i}, "prompt": f"p{i}"})
+        for i in ("a__b-1", "a__b-2", "a__b-3")
+    }
+    valid, out, listing = tmp_path / "tasks.valid.jsonl", tmp_path / "rows", tmp_path / "rows.txt"
+    valid.write_text("".join(rows.values()))
+    assert write_valid_rows(valid, out, listing) == list(rows)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {f"{i}.jsonl": r for i, r in rows.items()}
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    # a-2 is no longer valid: its file goes, the others keep their bytes and mtimes
+    valid.write_text(rows["a__b-1"] + rows["a__b-3"])
+    assert write_valid_rows(valid, out, listing) == ["a__b-1", "a__b-3"]
+    assert sorted(p.name for p in out.iterdir()) == ["a__b-1.jsonl", "a__b-3.jsonl"]
+    assert all(p.stat().st_mtime_ns == before[p.name] for p in out.iterdir())
+    assert listing.read_text() == "a__b-1\na__b-3\n"
