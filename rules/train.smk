@@ -121,6 +121,8 @@ rule train_grpo:
         # GPUs per node (gres is per node; the plugin's gpu= would be a per-job total)
         gres=f"gpu:{TRAIN_GPUS}" if TRAIN_GPUS else "",
         slurm_extra=f"--ntasks-per-node=1 --exclusive {slurm_signal_option()}",
+        # Snakemake's attempt number, which a script sees only through its resources
+        attempt=lambda wildcards, attempt: attempt,
     params:
         provider=PROVIDER,
         # secrets stay out of params (recorded in clear): the script reads the live sections from config

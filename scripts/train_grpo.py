@@ -13,5 +13,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/train_grpo.py"):
         sandbox=smk.config["sandbox"],
         provider=smk.params.provider,
         megatron_dir=smk.input.megatron[0] if smk.input.megatron else None,
-        attempt=smk.attempt,
+        attempt=int(smk.resources.attempt),
     )
