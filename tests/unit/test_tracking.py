@@ -191,10 +191,9 @@ def test_verl_rows_get_the_same_tags_as_trl_rows(tmp_path):
 def test_sft_reports_to_tensorboard_under_its_run_folder(tmp_path):
     import dataclasses
 
-    from tests.unit.test_sft_train import TRAIN, _train_rows
-
     from sweflow.offline.tiny_model import tiny_model_path
     from sweflow.train.sft import train_sft
+    from tests.unit.test_sft_train import TRAIN, _train_rows
 
     run = tmp_path / "run"
     settings = dataclasses.replace(TRAIN, max_steps=3, save_every=0)
