@@ -367,3 +367,17 @@ def expert_parquet(wildcards):
     if SFT["collect"]["expert"]["endpoint"] != "scripted":
         return []
     return [f"resources/datasets/{wildcards.dataset}/{wildcards.split}.parquet"]
+
+
+def e2e_rows(wildcards):
+    """The instance's own valid row file (whichever split holds it), so another task's verdict reruns nothing
+    here; when no split holds it, every tasks.valid.jsonl (the step then says the task is not valid).
+    """
+    found = []
+    for s in SPLITS:
+        folder, ids = _valid_rows_of(wildcards.dataset, s)
+        if wildcards.instance_id in ids:
+            found.append(f"{folder}/{wildcards.instance_id}.jsonl")
+    return found or [
+        f"results/{wildcards.dataset}/{s}/tasks.valid.jsonl" for s in SPLITS
+    ]

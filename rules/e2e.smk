@@ -7,20 +7,6 @@ E2E_INSTANCE = config["e2e"]["instance"]
 E2E_TARGETS = [f"results/{DATASET}/e2e/{E2E_INSTANCE}.json"] if E2E_INSTANCE else []
 
 
-def e2e_rows(wildcards):
-    """The instance's own valid row file (whichever split holds it), so another task's verdict reruns nothing
-    here; when no split holds it, every tasks.valid.jsonl (the step then says the task is not valid).
-    """
-    found = []
-    for s in SPLITS:
-        folder, ids = _valid_rows_of(wildcards.dataset, s)
-        if wildcards.instance_id in ids:
-            found.append(f"{folder}/{wildcards.instance_id}.jsonl")
-    return found or [
-        f"results/{wildcards.dataset}/{s}/tasks.valid.jsonl" for s in SPLITS
-    ]
-
-
 rule e2e_check:
     input:
         jsonl=e2e_rows,
