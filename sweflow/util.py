@@ -137,6 +137,21 @@ def write_folder(path: str | os.PathLike, files: Mapping[str, bytes | str]) -> P
         shutil.rmtree(tmp, ignore_errors=True)  # gone already when it was renamed into place
 
 
+@contextlib.contextmanager
+def environ(extra: Mapping[str, str]):
+    """`extra` set in this process's environment for the block, then restored."""
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def common_prefix_length(a: list, b: list) -> int:
     """How many leading items `a` and `b` share."""
     n = min(len(a), len(b))

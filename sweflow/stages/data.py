@@ -22,6 +22,7 @@ from ..util import (
     atomic_write,
     atomic_write_json,
     atomic_write_lines,
+    environ,
     read_json,
     redact,
     write_folder,
@@ -63,20 +64,6 @@ def hub_endpoint(
         yield url
 
 
-@contextlib.contextmanager
-def _env(extra: Mapping[str, str]) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def resolve_dataset(
     out: str | os.PathLike,
     *,
@@ -94,7 +81,7 @@ def resolve_dataset(
         sha = revision if is_sha(revision) else "offline-" + sha256_tree(offline_dir)[:32]
         source = "offline"
     else:
-        with hub_endpoint(endpoint) as url, _env(hub_endpoint_env(url)):
+        with hub_endpoint(endpoint) as url, environ(hub_endpoint_env(url)):
             sha = resolve_revision(repo_id, revision, endpoint=url, repo_type=repo_type, timeout=timeout)
         source = "local-hub" if endpoint == "local" else (redact(endpoint) if endpoint else "huggingface.co")
     rec = {"repo_id": repo_id, "repo_type": repo_type, "revision": revision, "sha": sha, "source": source}
@@ -118,7 +105,7 @@ def download_split(
     rev = read_json(revision_file)
     if offline_dir:
         return copy_offline(offline_dir, filename, out)
-    with hub_endpoint(endpoint) as url, _env(hub_endpoint_env(url)):
+    with hub_endpoint(endpoint) as url, environ(hub_endpoint_env(url)):
         path = download_file(
             rev["repo_id"],
             filename,

@@ -58,9 +58,10 @@ def model_endpoint(cfg: Mapping[str, Any]) -> str | None:
 def _model_hub(endpoint: str | None, repo_id: str) -> Iterator[str | None]:
     """The Hub to use; "local" serves the bundled store, publishing the tiny model `repo_id` names first."""
     from ..dataset.hub_client import hub_endpoint_env
-    from .data import _env, hub_endpoint
+    from ..util import environ
+    from .data import hub_endpoint
 
-    with hub_endpoint(endpoint, models=(repo_id,)) as url, _env(hub_endpoint_env(url)):
+    with hub_endpoint(endpoint, models=(repo_id,)) as url, environ(hub_endpoint_env(url)):
         yield url
 
 

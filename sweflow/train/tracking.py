@@ -11,19 +11,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..schema import defaults
+from ..util import environ
 
 log = logging.getLogger("sweflow.train")
 
@@ -93,19 +93,7 @@ class Tracking:
         return out
 
 
-@contextlib.contextmanager
-def tracking_env(env: Mapping[str, str]) -> Iterator[None]:
-    """`env` set in this process for the block (the Trainer's callbacks read it), then restored."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+tracking_env = environ  # the Trainer's callbacks read the tracking variables from the process
 
 
 def scalars(row: Mapping[str, Any]) -> dict[str, float]:
