@@ -82,6 +82,18 @@ def write_if_changed(path: str | os.PathLike, data: bytes | str) -> bool:
     return True
 
 
+def sync_item_files(folder: str | os.PathLike, files: Mapping[str, str], pattern: str) -> None:
+    """`folder` holds exactly `files` (name -> text) among the names matching `pattern`: each written only
+    when its bytes change (downstream per-item jobs keep their mtimes), the others matching removed."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_if_changed(out / name, text)
+    for stale in out.glob(pattern):
+        if stale.name not in files:
+            stale.unlink()
+
+
 def replace_folder(new: str | os.PathLike, dest: str | os.PathLike) -> Path:
     """Rename the folder `new` to `dest`. An existing `dest` is moved aside just before (to a hidden
     `.<name>.old-*` folder beside it) and removed after, so `dest` is the old folder or the new one, never a

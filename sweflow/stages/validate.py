@@ -23,7 +23,7 @@ from ..sandbox.base import Provider
 from ..sandbox.registry import provider_from_config
 from ..sandbox.settings import NetworkSettings, SandboxSettings
 from ..schema import default
-from ..util import atomic_write, atomic_write_json, read_json, stable_json, write_if_changed
+from ..util import atomic_write, atomic_write_json, read_json, stable_json, sync_item_files, write_if_changed
 
 __all__ = [
     "from_snakemake",
@@ -78,9 +78,7 @@ def write_task_inputs(
     """
     rows = read_jsonl_rows(jsonl)
     gold = gold_patches(parquet, split=split, shape=shape)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    keep = set()
+    files = {}
     for iid, line in rows:
         if iid not in gold:
             raise DatasetError(
@@ -90,11 +88,8 @@ def write_task_inputs(
                 field="instance_id",
             )
         data = {"instance_id": iid, "metadata": json.loads(line)["metadata"], "gold_patch": gold[iid]}
-        write_if_changed(out / f"{iid}.json", stable_json(data))
-        keep.add(f"{iid}.json")
-    for stale in out.glob("*.json"):
-        if stale.name not in keep:
-            stale.unlink()
+        files[f"{iid}.json"] = stable_json(data)
+    sync_item_files(out_dir, files, "*.json")
     ids = [iid for iid, _ in rows]
     atomic_write(listing, "".join(f"{i}\n" for i in ids))
     log.info("%d tasks to validate", len(ids))
@@ -109,15 +104,7 @@ def write_valid_rows(
     their own tasks' files, so one changed verdict reruns only that task's work. Unchanged rows keep their
     bytes; rows no longer valid lose their file."""
     rows = read_jsonl_rows(valid)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    keep = set()
-    for iid, line in rows:
-        write_if_changed(out / f"{iid}.jsonl", line)
-        keep.add(f"{iid}.jsonl")
-    for stale in out.glob("*.jsonl"):
-        if stale.name not in keep:
-            stale.unlink()
+    sync_item_files(out_dir, {f"{iid}.jsonl": line for iid, line in rows}, "*.jsonl")
     ids = [iid for iid, _ in rows]
     write_if_changed(listing, "".join(f"{i}\n" for i in ids))
     log.info("%d valid tasks, one row file each", len(ids))
