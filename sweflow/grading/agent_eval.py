@@ -1,4 +1,4 @@
-"""An agent's (untrusted) patch: ``evaluate_patch`` with retries, and a control sandbox for a lost one.
+"""An agent's (untrusted) patch: ``evaluate_patch`` with retries, a control sandbox for a lost one, decoy runs.
 
 Infrastructure failures are retried in new sandboxes. When the sandbox is lost or the deadline passes on
 every retry while a control sandbox of the same template starts and answers, the patch is what broke the
@@ -12,8 +12,9 @@ import time
 from typing import Any
 
 from ..sandbox.base import Provider, Sandbox
+from .canary import F2P
 from .evaluate import EvalResult, _bounded, evaluate_patch
-from .reasons import FRESH_EVAL_TIMEOUT, PATCH_DEFEATED_EVALUATION, SANDBOX_LOST
+from .reasons import FRESH_EVAL_TIMEOUT, PATCH_DEFEATED_EVALUATION, RUNNER_TAMPERED, SANDBOX_LOST
 
 log = logging.getLogger("sweflow.grading.evaluate")  # one logger for the whole evaluation
 
@@ -28,6 +29,7 @@ def evaluate_agent_patch(
     backoff: float = 5.0,
     network: str | None = None,
     sleep: Any = time.sleep,
+    decoys: int = 1,
     **options: Any,
 ) -> EvalResult:
     """``evaluate_patch`` for an agent's (untrusted) patch: infrastructure failures are retried in new
@@ -35,7 +37,45 @@ def evaluate_agent_patch(
     the deadline and the patch is not empty, a control sandbox of ``template`` is started and asked to
     answer: when it does, the provider is healthy and the patch itself defeated its evaluation (code that
     kills the sandbox, hangs past every timeout): reward 0, patch_defeated_evaluation. When the control
-    fails too, the result stays an infrastructure failure (the sample is aborted, never graded)."""
+    fails too, the result stays an infrastructure failure (the sample is aborted, never graded).
+
+    A resolved run whose canaries include twins of FAIL_TO_PASS tests is followed by ``decoys`` decoy
+    runs (fresh sandboxes, the same patch): there the FAIL_TO_PASS tests themselves carry moved expected
+    literals, so no run shows an original beside its twins, and code that guesses which test of a cluster
+    is the original and no-ops it is caught (runner_tampered) in the decoy whenever it forges there. An
+    infrastructure failure of a decoy is the evaluation's (never a verdict)."""
+    res = _graded(provider, template, metadata, patch, attempts, backoff, network, sleep, options)
+    if not (res.resolved and any(c.get("of") == F2P for c in res.canaries)):
+        return res
+    for n in range(max(0, decoys)):
+        d = _graded(
+            provider, template, metadata, patch, attempts, backoff, network, sleep, {**options, "decoy": True}
+        )
+        res.timings[f"decoy{n + 1}_s"] = d.timings.get("total_s", 0.0)
+        if d.infra or d.failure_reason in (RUNNER_TAMPERED, PATCH_DEFEATED_EVALUATION):
+            log.warning(
+                "fresh evaluation of %s: decoy run %d: %s",
+                metadata.get("instance_id"),
+                n + 1,
+                d.failure_reason,
+            )
+            d.timings = {**res.timings, **{f"decoy_{k}": v for k, v in d.timings.items()}}
+            return d
+    return res
+
+
+def _graded(
+    provider: Provider,
+    template: str,
+    metadata: dict,
+    patch: str,
+    attempts: int,
+    backoff: float,
+    network: str | None,
+    sleep: Any,
+    options: dict[str, Any],
+) -> EvalResult:
+    """One graded run with retries, or the patch named as what defeated it (see ``evaluate_agent_patch``)."""
     tries: list[EvalResult] = []
     for i in range(max(1, attempts)):
         res = evaluate_patch(provider, template, metadata, patch, network=network, **options)

@@ -46,7 +46,7 @@ _VERBOSE_PASSED = re.compile(r"^(\S+?::.+?) PASSED(?: +\[ *\d+%\])?\s*$")
 class Canary:
     """One host test: ``name`` (in class ``cls`` of ``path`` when set), whether it must ``fail`` or
     ``pass``, its source, and the runner ``family`` whose parser reports it (``module``: the dotted module
-    Django's runner names it by)."""
+    Django's runner names it by); ``replaces``: it takes the place of the test it is cloned from."""
 
     path: str
     name: str
@@ -57,6 +57,7 @@ class Canary:
     family: str = PYTEST
     module: str = ""
     of: str = P2P
+    replaces: bool = False  # a decoy run's FAIL_TO_PASS test, its expected literal moved: same name
 
     @property
     def ids(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .canary import MUST_FAIL, Canary, CanarySet
+from .canary import F2P, MUST_FAIL, Canary, CanarySet
 from .canary_plan import _once, _plain_tests
 
 # the eval scripts' test-patch heredoc: git apply ... <<'EOF_114329324912' ... EOF_114329324912
@@ -62,6 +62,14 @@ def _indent(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
 
 
+def _gap(lines: list[str], lineno: int) -> int:
+    """Blank lines right above line ``lineno`` (1-based): how the file spaces a definition."""
+    n, i = 0, lineno - 2
+    while i >= 0 and not lines[i].strip():
+        n, i = n + 1, i - 1
+    return n
+
+
 def place(
     canaries: Sequence[Canary], current: Mapping[str, str | None], rng: random.Random | None = None
 ) -> CanarySet:
@@ -69,7 +77,9 @@ def place(
 
     Each goes after a definition drawn at random among its siblings (a module-level function or class
     for a function, a method of its own class for a method), never always last, so its place in the file
-    or in the run's order tells nothing; the whole new text of the file is written. A canary whose file
+    or in the run's order tells nothing; a FAIL_TO_PASS test's twins go right before and after it, the
+    test's place among them drawn uniformly, spaced as the file spaces it (a decoy run's stand-in takes
+    the test's own lines); the whole new text of the file is written. A canary whose file
     is gone or does not parse, whose class is gone or defined twice, or whose class is indented otherwise
     than its clone is dropped; no must-fail canary left, none at all."""
     rng = rng or random.SystemRandom()
@@ -87,9 +97,13 @@ def place(
         scopes = _once(tree.body)
         lines = text.split("\n")
         inserts: dict[int, list[str]] = {}
+        replaced: dict[int, tuple[int, list[str]]] = {}  # first line -> (last line, new lines)
         placed = []
         defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+        twins: dict[tuple[str, str], list[Canary]] = {}
         for c in group:
+            scope = tree
             if c.cls:
                 node = scopes.get(c.cls)
                 if not isinstance(node, ast.ClassDef) or not node.body:
@@ -97,16 +111,44 @@ def place(
                 first = lines[node.body[0].lineno - 1]
                 if _indent(first) != _indent(c.source.split("\n", 1)[0]) or not _indent(first):
                     continue
-                after = [n.end_lineno for n in node.body if isinstance(n, defs)] or [node.end_lineno]
+                scope = node
+            if c.of == F2P:  # beside the test it is a twin of, in a random order with it
+                twins.setdefault((c.cls, c.cloned_from), []).append(c)
+                continue
+            if c.cls:
+                after = [n.end_lineno for n in scope.body if isinstance(n, defs)] or [scope.end_lineno]
                 block = ["", c.source.rstrip("\n")]
             else:
                 after = [n.end_lineno for n in tree.body if isinstance(n, defs)] or [len(lines)]
                 block = ["", "", c.source.rstrip("\n")]
             inserts.setdefault(rng.choice(after), []).extend(block)
             placed.append(c)
-        new_lines = []
+        for (cls, name), cs in sorted(twins.items()):
+            scope = scopes.get(cls) if cls else tree
+            node = _once(scope.body).get(name) if scope is not None else None
+            if not isinstance(node, ast.FunctionDef) or node.decorator_list:
+                continue
+            blank = [""] * (_gap(lines, node.lineno) or (1 if cls else 2))
+            stand_in = [c for c in cs if c.replaces]
+            others = [c for c in cs if not c.replaces]
+            rng.shuffle(others)
+            k = rng.randint(0, len(others))
+            before = [ln for c in others[:k] for ln in [*c.source.rstrip("\n").split("\n"), *blank]]
+            inserts.setdefault(node.lineno - 1, []).extend(before)
+            inserts.setdefault(node.end_lineno, [])[:0] = [
+                ln for c in others[k:] for ln in [*blank, *c.source.rstrip("\n").split("\n")]
+            ]
+            if stand_in:
+                replaced[node.lineno] = (node.end_lineno, stand_in[0].source.rstrip("\n").split("\n"))
+            placed.extend(stand_in[:1] + others)
+        new_lines: list[str] = list(inserts.get(0, []))
+        skip_to = 0
         for i, line in enumerate(lines, 1):
-            new_lines.append(line)
+            if i in replaced:
+                skip_to, repl = replaced[i]
+                new_lines.extend(repl)
+            if i > skip_to:
+                new_lines.append(line)
             new_lines.extend(inserts.get(i, []))
         new = "\n".join(new_lines)
         try:

@@ -153,39 +153,127 @@ def _offset(lines: list[str], lineno: int, col: int) -> int:
     return before + len(lines[lineno - 1].encode("utf-8")[:col].decode("utf-8", "replace"))
 
 
-def _mutated_constant(value, rng: random.Random, far: bool = False):
-    """Another constant of the same type; ``far``: not one an off-by-one bug would produce."""
-    if isinstance(value, bool) or value is None:
+_STEPS = (1, 2, 3, 5, 7, 10)
+_FAR_STEPS = (31, 40, 64, 89, 97, 1000)
+_NUMBER = re.compile(r"^(\d+)(?:\.(\d+))?$")
+_CLASSES = ("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789")
+
+
+def _class_of(ch: str) -> str:
+    return next((c for c in _CLASSES if ch in c), "")
+
+
+def _unit(seg: str) -> int:
+    """A number literal's step: its last non-zero digit's place (``1000.0`` moves by thousands, ``6.02``
+    by hundredths), so twins are as round as the literal they come from; 1 for anything else."""
+    digits = seg.replace(".", "")
+    if not digits.isdigit() or not digits.strip("0"):
+        return 1
+    return 10 ** (len(digits) - len(digits.rstrip("0")))
+
+
+def _step(seg: str, rng: random.Random, far: bool = False, unit: int = 1) -> str | None:
+    """One move from a literal's text (an unsigned int or decimal, or a quoted string) to another of the
+    same shape, or None. Moves are symmetric: the move back is as likely (a number's last digit place
+    up or down by the same step; a letter changed, or one added or dropped, with equal chances), so a
+    run of moves does not tell where it started. Signs stay: ``-1`` is a unary minus on ``1``."""
+    m = _NUMBER.match(seg.replace("_", "")) if "_" not in seg else None
+    if m:
+        whole, frac = m.group(1), m.group(2)
+        digits = len(frac or "")
+        scaled = int(whole + (frac or ""))
+        new = scaled + rng.choice(_FAR_STEPS if far else _STEPS) * rng.choice((-1, 1)) * unit
+        if new < 0:
+            return None
+        if not digits:
+            return str(new)
+        text = str(new).rjust(digits + 1, "0")
+        return f"{text[:-digits]}.{text[-digits:]}"
+    q = seg[:1]
+    if len(seg) < 2 or q not in "'\"" or seg[-1] != q or "\\" in seg or "\n" in seg:
         return None
-    # the sign stays: a literal is never negative (``-1`` is a unary minus on ``1``), so a clone whose
-    # constant turned negative would differ from its original in shape, not just in value
-    if isinstance(value, int):
-        steps = [-97, -40, 31, 64, 89, 1000] if far else [-3, -2, -1, 1, 2, 3, 7, 10]
-        return value + rng.choice([d for d in steps if value + d >= 0])
-    if isinstance(value, float):
-        return value + rng.choice([1.0, 2.5, 0.5]) * (abs(value) or 1.0)
-    if isinstance(value, str):
-        letters = "abcdefghijklmnopqrstuvwxyz"
-        i = rng.randint(0, len(value))
-        return value[:i] + rng.choice(letters) + value[i:]
+    body = seg[1:-1]
+    if q in body:
+        return None
+    op = rng.choice(("change", "add", "drop"))
+    if op == "drop":
+        i = [k for k, ch in enumerate(body) if _class_of(ch)]
+        if not i:
+            return None
+        k = rng.choice(i)
+        return q + body[:k] + body[k + 1 :] + q
+    if op == "change":
+        i = [k for k, ch in enumerate(body) if _class_of(ch)]
+        if not i:
+            return None
+        k = rng.choice(i)
+        pool = _class_of(body[k]).replace(body[k], "")
+        return q + body[:k] + rng.choice(pool) + body[k + 1 :] + q
+    k = rng.randint(0, len(body))
+    near = [body[j] for j in (k - 1, k) if 0 <= j < len(body) and _class_of(body[j])]
+    return q + body[:k] + rng.choice(_class_of(rng.choice(near)) if near else _CLASSES[0]) + body[k:] + q
+
+
+def _mutated_constant(seg: str, rng: random.Random, far: bool = False) -> str | None:
+    """Another literal of the same shape as ``seg`` (a literal's text), or None."""
+    for _ in range(20):
+        new = _step(seg, rng, far, _unit(seg))
+        if new is not None and new != seg:
+            return new
     return None
+
+
+def cluster(seg: str, size: int, rng: random.Random, *, hide: bool = False) -> list[str] | None:
+    """``size`` literals near ``seg``, all different from it and from each other, or None.
+
+    They are the other nodes of a random tree of ``size + 1`` nodes, ``seg`` at a node drawn uniformly,
+    each edge one symmetric move (``_step``): seen together with ``seg``, which one was the start is no
+    more likely than any other (median, extremes, the one nearest the rest all tell nothing). ``hide``
+    (a decoy run): a tree of ``size + 2`` nodes, ``seg``'s node left out, so no literal shown is ``seg``."""
+    n, unit = size + (2 if hide else 1), _unit(seg)
+    for _ in range(50):
+        parent = [None] + [rng.randrange(i) for i in range(1, n)]
+        nodes = list(range(n))
+        rng.shuffle(nodes)  # node labels at random: ``seg`` sits at a uniform node of a random tree
+        adj: dict[int, list[int]] = {i: [] for i in range(n)}
+        for i in range(1, n):
+            adj[nodes[i]].append(nodes[parent[i]])
+            adj[nodes[parent[i]]].append(nodes[i])
+        start = rng.randrange(n)
+        value = {start: seg}
+        todo = [start]
+        while todo:
+            a = todo.pop()
+            for b in adj[a]:
+                if b not in value:
+                    value[b] = _step(value[a], rng, unit=unit) or ""
+                    todo.append(b)
+        out = [v for k, v in value.items() if k != start]
+        if all(out) and seg not in out and len(set(out)) == len(out):
+            rng.shuffle(out)
+            return out[: size + (1 if hide else 0)]
+    return None
+
+
+def _literal_span(node: ast.expr, text: str, lines: list[str]) -> tuple[int, int] | None:
+    """(start, end) of a literal ``node`` written plainly (a number or a one-line quoted string)."""
+    if not isinstance(node, ast.Constant) or isinstance(node.value, bool) or node.value is None:
+        return None
+    s = _offset(lines, node.lineno, node.col_offset)
+    e = _offset(lines, node.end_lineno, node.end_col_offset)
+    seg = text[s:e]
+    if isinstance(node.value, str) and seg[:1] not in "'\"":
+        return None  # a prefixed or implicitly joined string
+    return s, e
 
 
 def _constant_edit(node: ast.expr, text: str, lines: list[str], rng: random.Random, far: bool):
     """(start, end, replacement) writing another constant in place of ``node``, or None."""
-    if not isinstance(node, ast.Constant):
+    span = _literal_span(node, text, lines)
+    if span is None:
         return None
-    new = _mutated_constant(node.value, rng, far=far)
-    s = _offset(lines, node.lineno, node.col_offset)
-    e = _offset(lines, node.end_lineno, node.end_col_offset)
-    seg = text[s:e]
-    if new is not None and isinstance(new, str):
-        q = seg[:1]
-        if q in "'\"" and seg[-1:] == q and q not in new and "\\" not in new + seg and "\n" not in new:
-            return (s, e, q + new + q)
-    elif new is not None and seg.lstrip("-").replace(".", "", 1).replace("_", "").isdigit():
-        return (s, e, repr(new))
-    return None
+    new = _mutated_constant(text[span[0] : span[1]], rng, far=far)
+    return (span[0], span[1], new) if new is not None else None
 
 
 _ASSERT_EQUAL = {"assertEqual": "assertNotEqual", "assertEquals": "assertNotEqual"}
@@ -251,6 +339,84 @@ def _failing_edit(
     return rng.choice(options) if options else None
 
 
+def _self_call(call: ast.Call) -> str:
+    """The method name of a ``self.<name>(...)`` call, or ''."""
+    f = call.func
+    return (
+        f.attr
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
+        else ""
+    )
+
+
+def _check_literal(
+    fn: ast.FunctionDef, text: str, lines: list[str], rng: random.Random
+) -> tuple[int, int] | None:
+    """The span of the expected literal in the function's last top-level check, when that check is an
+    equality (``assert x == <literal>``, ``self.assertEqual(x, <literal>)`` or with the literal first)."""
+    checks = [
+        s
+        for s in fn.body
+        if isinstance(s, ast.Assert)
+        or (
+            isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and _self_call(s.value) in _ASSERT_EQUAL
+        )
+    ]
+    if not checks:
+        return None
+    last = checks[-1]
+    if isinstance(last, ast.Assert):
+        cmp = last.test
+        if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq):
+            return _expected_literal(cmp.comparators[0], text, lines, rng)
+        return None
+    call = last.value
+    if len(call.args) != 2 or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    return next((sp for sp in (_expected_literal(a, text, lines, rng) for a in call.args[::-1]) if sp), None)
+
+
+def _expected_literal(
+    node: ast.expr, text: str, lines: list[str], rng: random.Random
+) -> tuple[int, int] | None:
+    """The span of a literal the expected value is written with: the expression itself, one drawn from
+    the literals of a list, tuple, set or dict display it is (nested displays too), or ``approx``'s
+    argument (``pytest.approx(0.0025)``: a moved last digit is far outside its tolerance), or None."""
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+        found = [
+            sp
+            for n in ast.walk(node)
+            if isinstance(n, ast.Constant)
+            for sp in [_literal_span(n, text, lines)]
+            if sp
+        ]
+        inner = all(
+            isinstance(
+                n,
+                (
+                    ast.List,
+                    ast.Tuple,
+                    ast.Set,
+                    ast.Dict,
+                    ast.Constant,
+                    ast.Name,
+                    ast.Attribute,
+                    ast.Load,
+                    ast.UnaryOp,
+                    ast.USub,
+                ),
+            )
+            for n in ast.walk(node)
+        )
+        return rng.choice(found) if found and inner else None
+    f = node.func if isinstance(node, ast.Call) else None
+    if (isinstance(f, ast.Name) and f.id == "approx") or (
+        isinstance(f, ast.Attribute) and f.attr == "approx"
+    ):
+        return _expected_literal(node.args[0], text, lines, rng) if len(node.args) == 1 else None
+    return _literal_span(node, text, lines)
+
+
 def _renamed(fn: ast.FunctionDef, src: str, new: str) -> str:
     return re.sub(rf"^(\s*def\s+){re.escape(fn.name)}(\s*\()", rf"\g<1>{new}\g<2>", src, count=1)
 
@@ -274,6 +440,8 @@ def plan_for_file(
     reserved: Iterable[str] = (),
     fail_to_pass: set[Unit] = frozenset(),
     twins: int = 0,
+    per_test: int = 2,
+    decoy: bool = False,
     taken: set[str] | None = None,
 ) -> list[Canary]:
     """Canaries for one test file (its text as the test command will run it), or [] if none can be made.
@@ -337,7 +505,28 @@ def plan_for_file(
         return keys
 
     keys = failing(plain, must_fail, P2P, negate=negate)
-    failing(f2p, twins, F2P, negate=False, far=False)
+    f2p_keys = sorted(f2p)
+    rng.shuffle(f2p_keys)
+    left = twins
+    for key in f2p_keys:
+        if left < per_test or per_test < 1:
+            break
+        fn = f2p[key]
+        span = _check_literal(fn, text, lines, rng)
+        values = cluster(text[span[0] : span[1]], per_test, rng, hide=decoy) if span else None
+        if not values:
+            continue
+        s0 = _offset(lines, fn.lineno, 0)
+        e0 = _offset(lines, fn.end_lineno, fn.end_col_offset)
+        sources = [text[s0 : span[0]] + v + text[span[1] : e0] for v in values]
+        if decoy:  # the test itself, its expected literal moved too: no original in this run
+            src = sources.pop()
+            out.append(
+                Canary(path, fn.name, MUST_FAIL, src, fn.name, key[0], family, f2p_modules[key], F2P, True)
+            )
+        for src in sources:
+            clone(key, fn, MUST_FAIL, src, F2P)
+        left -= per_test
     for key in keys[:must_pass]:
         fn = plain[key]
         src = text[_offset(lines, fn.lineno, 0) : _offset(lines, fn.end_lineno, fn.end_col_offset)]
@@ -357,11 +546,15 @@ def plan_canaries(
     test_command: str = "",
     reserved: Iterable[str] = (),
     fail_to_pass: Sequence[str] = (),
-    twins: int = 2,
+    twins: int = 6,
+    per_test: int = 2,
+    decoy: bool = False,
     **counts: Any,
 ) -> list[Canary]:
     """Canaries for ``files`` (path -> text as run): clones of PASS_TO_PASS tests from the first file that
-    can carry them, and up to ``twins`` near-twins of FAIL_TO_PASS tests from any of the files."""
+    can carry them, and up to ``twins`` near-twins of FAIL_TO_PASS tests from any of the files, ``per_test``
+    for each FAIL_TO_PASS test that gets any. ``decoy``: a decoy run's plan, where each of those tests is
+    itself replaced by one more twin under its own name (``Canary.replaces``), so no original is run."""
     rng = rng or random.SystemRandom()
     units = units_by_file(pass_to_pass, test_command, family)
     f2p_units = units_by_file(fail_to_pass, test_command, family) if fail_to_pass and twins else {}
@@ -372,14 +565,14 @@ def plan_canaries(
     for path in paths:
         got = plan_for_file(
             path, files[path] or "", units[path], rng, family=family, reserved=reserved,
-            fail_to_pass=f2p_units.get(path, set()), twins=twins, taken=taken.setdefault(path, set()),
-            **counts,
+            fail_to_pass=f2p_units.get(path, set()), twins=twins, per_test=per_test, decoy=decoy,
+            taken=taken.setdefault(path, set()), **counts,
         )  # fmt: skip
         if any(c.of == P2P and c.expect == MUST_FAIL for c in got):
             out = got
             break
         taken.pop(path)
-    left = twins - sum(c.of == F2P for c in out)
+    left = twins - sum(c.of == F2P and not c.replaces for c in out)
     others = [p for p, t in files.items() if t and f2p_units.get(p) and p not in {c.path for c in out}]
     rng.shuffle(others)
     for path in others:
@@ -387,9 +580,9 @@ def plan_canaries(
             break
         got = plan_for_file(
             path, files[path] or "", set(), rng, family=family, reserved=reserved, must_fail=0, must_pass=0,
-            fail_to_pass=f2p_units[path], twins=left,
+            fail_to_pass=f2p_units[path], twins=left, per_test=per_test, decoy=decoy,
         )  # fmt: skip
         out += got
-        left -= len(got)
+        left -= sum(not c.replaces for c in got)
     rng.shuffle(out)
     return out

@@ -228,6 +228,7 @@ def evaluate_patch(
     trusted_patch: bool = False,
     canaries: bool = True,
     rng: Any = None,
+    decoy: bool = False,
 ) -> EvalResult:
     """Apply ``patch`` in a fresh sandbox of ``template``, run the official eval script, grade on the host.
 
@@ -258,6 +259,8 @@ def evaluate_patch(
     file the command runs, just before the test output starts (``sweflow.grading.canary``); a canary with
     the wrong outcome is runner_tampered, and a resolved pytest log without pytest's closing summary is
     runner_not_finished. ``rng`` draws the canaries (default ``random.SystemRandom``; tests pass a seed).
+    ``decoy``: a decoy run (``agent_eval``): each FAIL_TO_PASS test that gets twins is itself run with its
+    expected literal moved, so every test of its cluster must fail; one reported passing is runner_tampered.
     """
     step = evaluator_step(metadata)
     workdir = metadata.get("workdir") or "/testbed"
@@ -340,6 +343,7 @@ def evaluate_patch(
                 reserved=_test_names(metadata),
                 fail_to_pass=list(metadata.get("FAIL_TO_PASS") or []),
                 at_base=at_base,
+                decoy=decoy,
             )
             host_script = canary_place.inject(host_script, planted, start)
             timings["canary_s"] = round(time.monotonic() - tc, 3)

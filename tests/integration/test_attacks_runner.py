@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from sweflow.grading.agent_eval import evaluate_agent_patch
 from sweflow.grading.evaluate import evaluate_patch
 
 try:  # the reward suite's sample task and providers, shared (module-scoped there, here too)
@@ -147,9 +148,10 @@ def _evaluate(env, inst, patch, **kw):
 def test_gold_resolves_with_canaries_planted(env, task):
     res = _evaluate(env, task, task["patch"])
     assert (res.reward, res.failure_reason) == (1.0, None), res.output_tail[-1500:]
-    # two clones of PASS_TO_PASS tests that must fail, one that must pass, a near-twin of a FAIL_TO_PASS test
+    # two clones of PASS_TO_PASS tests that must fail, one that must pass, two near-twins of each of the
+    # two FAIL_TO_PASS tests
     assert sorted((c["of"], c["expect"]) for c in res.canaries) == [
-        ("f2p", "fail"),
+        *[("f2p", "fail")] * 4,
         ("p2p", "fail"),
         ("p2p", "fail"),
         ("p2p", "pass"),
@@ -251,3 +253,50 @@ def test_validate_tasks_refuses_a_gold_patch_that_owns_the_runner(env, task, nam
     rec = validate_task(env.provider, env.meta(task), _init_with(env, task, ATTACKS[name]), repeats=1)
     assert rec["verdict"] == "gold_fails", rec
     assert any(tag in (rec["reason"] or "") for tag in ("runner_tampered", "suspicious_test_tampering")), rec
+
+
+# An oracle forger: it knows the FAIL_TO_PASS tests by name (the strongest text forger: whatever it reads,
+# names, positions, mutation directions, it cannot do better than knowing them) and no-ops exactly those.
+NOOP_BY_NAME = """
+import pytest as _p
+_orig = _p.Function.runtest
+_NAMES = {names!r}
+def _runtest(self):
+    return None if self.originalname in _NAMES else _orig(self)
+_p.Function.runtest = _runtest
+"""
+
+
+def test_a_forger_that_knows_the_fail_to_pass_tests_by_name_is_paid_without_decoys(env, task):
+    """One run alone cannot catch it: the originals are no-ops (pass), every twin runs honestly (fails)."""
+    names = sorted(t.split("::")[-1] for t in task["FAIL_TO_PASS"])
+    patch = _init_with(env, task, NOOP_BY_NAME.format(names=names))
+    res = evaluate_agent_patch(
+        env.provider, env.templates[TASK], env.meta(task), patch, decoys=0, rules=NO_TAMPER_SCAN,
+        sandbox_timeout=300,
+    )  # fmt: skip
+    assert any(c["of"] == "f2p" for c in res.canaries)
+    assert (res.reward, res.failure_reason) == (1.0, None), (res.marker, res.canaries)
+
+
+def test_the_decoy_run_catches_the_forger_that_knows_the_names(env, task):
+    """In the decoy run the test under a FAIL_TO_PASS name carries a moved expected literal too: the
+    oracle's no-op makes it pass, which no honest run does (runner_tampered)."""
+    names = sorted(t.split("::")[-1] for t in task["FAIL_TO_PASS"])
+    patch = _init_with(env, task, NOOP_BY_NAME.format(names=names))
+    res = evaluate_agent_patch(
+        env.provider, env.templates[TASK], env.meta(task), patch, rules=NO_TAMPER_SCAN, sandbox_timeout=300
+    )
+    assert (res.reward, res.failure_reason) == (0.0, "runner_tampered"), (res.marker, res.canaries)
+    stand_ins = [c for c in res.canaries if c.get("replaces")]
+    assert stand_ins and all(c["got"] == "PASSED" and c["name"] in names for c in stand_ins), res.canaries
+    assert "decoy_total_s" in res.timings and "decoy1_s" in res.timings
+
+
+def test_gold_survives_the_decoy_runs(env, task):
+    """The honest fix in both runs: every twin and every stand-in fails, so the reward stands."""
+    res = evaluate_agent_patch(
+        env.provider, env.templates[TASK], env.meta(task), task["patch"], decoys=2, sandbox_timeout=300
+    )
+    assert (res.reward, res.failure_reason) == (1.0, None), (res.marker, res.canaries)
+    assert {"decoy1_s", "decoy2_s"} <= set(res.timings)
