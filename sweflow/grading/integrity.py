@@ -119,6 +119,20 @@ class IntegrityRules:
         r"\batexit\b",
         r"SWEFLOW_",
         r"\bSIG(KILL|STOP|TERM)\b",
+        # the runners' public entry points, monkeypatched from the code the tests import (each matched no
+        # line, or a handful in test-runner plugins, of 5.36M non-test code lines in 224 installed
+        # packages: benchmarks/bench_tamper_rules.py)
+        r"\.runtest\b",
+        r"\bpytest\.(Function|Item|Class|Module|Package|Session|Collector|hookimpl|exit)\b",
+        r"\bpluggy\b",
+        r"\bunittest\.(case|result|runner|main|suite|loader)\b",
+        r"\b(TestCase|TestResult|TextTestResult|TestSuite|TextTestRunner|DocTestRunner|OutputChecker)\."
+        r"\w+\s*=[^=]",
+        r"\bsetattr\s*\(\s*[\w.]*(pytest|unittest|TestCase|TestResult|TestSuite|doctest)\b",
+        # primitives no fix needs: walking every live object, swapping a function's code, audit hooks
+        r"\bgc\.get_(objects|referrers|referents)\b",
+        r"\.__code__\s*=[^=]",
+        r"\baddaudithook\b",
     )
 
     @classmethod

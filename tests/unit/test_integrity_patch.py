@@ -130,6 +130,15 @@ def test_files_the_eval_script_relies_on_are_refused(patch, rule):
         "os.write(fd, forged)",
         "__import__('o' + 's')",
         "getattr(os, name)(1)",
+        "pytest.Function.runtest = lambda self: None",
+        "_p.Item.runtest = _noop",
+        "import pluggy",
+        "unittest.case.TestCase.run = _run",
+        "TestResult.addFailure = TestResult.addSuccess",
+        "setattr(unittest.TestCase, 'run', _run)",
+        "for o in gc.get_objects():",
+        "f.__code__ = g.__code__",
+        "sys.addaudithook(hook)",
     ],
 )
 def test_code_that_reaches_for_the_test_run_is_refused(line):
@@ -137,7 +146,14 @@ def test_code_that_reaches_for_the_test_run_is_refused(line):
 
 
 def test_ordinary_code_is_not_tamper_code():
-    for line in ("sys.stdout.write(text)", "if sys.stdout == other:", "import pytest_cov_like_name_in_doc"):
+    for line in (
+        "sys.stdout.write(text)",
+        "if sys.stdout == other:",
+        "import pytest_cov_like_name_in_doc",
+        "if result.code == expected.code:",
+        "self.runtests = []",
+        "class Case(TestCaseBase):",
+    ):
         assert rules_of(diff("calclib/__init__.py", "x = 1", line)) == [], line
 
 
