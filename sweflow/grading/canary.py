@@ -170,9 +170,15 @@ def check_canaries(
     return None
 
 
-def forged_pass(canaries: Sequence[Canary], statuses: Mapping[str, str]) -> bool:
-    """Whether a must-fail canary was reported passing: no honest run does that."""
-    return any(c.expect == MUST_FAIL and c.status_in(statuses) == "PASSED" for c in canaries)
+def forged_pass(canaries: Sequence[Canary], statuses: Mapping[str, str], *, twins: bool = False) -> bool:
+    """Whether a must-fail canary was reported passing: no honest run does that. A FAIL_TO_PASS test's
+    twin counts only with ``twins`` (a decoy run, which follows a resolved one): where the code is still
+    wrong, a twin's moved literal can be the wrong value itself (7 -> 8 in a sample variance that divides
+    by n), so an honest wrong patch may pass it; in a resolved run ``check_canaries`` catches it."""
+    return any(
+        c.expect == MUST_FAIL and (twins or c.of != F2P) and c.status_in(statuses) == "PASSED"
+        for c in canaries
+    )
 
 
 def without(statuses: Mapping[str, str], canaries: Sequence[Canary]) -> dict[str, str]:

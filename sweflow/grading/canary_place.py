@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .canary import F2P, MUST_FAIL, Canary, CanarySet
-from .canary_plan import _once, _plain_tests
+from .canary_plan import _once, _plain_tests, first_line
 
 # the eval scripts' test-patch heredoc: git apply ... <<'EOF_114329324912' ... EOF_114329324912
 _APPLY_HEREDOC = re.compile(r"^\s*git apply\b.*<<\s*'?([A-Za-z_][A-Za-z0-9_]*)'?\s*$")
@@ -126,20 +126,21 @@ def place(
         for (cls, name), cs in sorted(twins.items()):
             scope = scopes.get(cls) if cls else tree
             node = _once(scope.body).get(name) if scope is not None else None
-            if not isinstance(node, ast.FunctionDef) or node.decorator_list:
+            if not isinstance(node, ast.FunctionDef):
                 continue
-            blank = [""] * (_gap(lines, node.lineno) or (1 if cls else 2))
+            top = first_line(node)
+            blank = [""] * (_gap(lines, top) or (1 if cls else 2))
             stand_in = [c for c in cs if c.replaces]
             others = [c for c in cs if not c.replaces]
             rng.shuffle(others)
             k = rng.randint(0, len(others))
             before = [ln for c in others[:k] for ln in [*c.source.rstrip("\n").split("\n"), *blank]]
-            inserts.setdefault(node.lineno - 1, []).extend(before)
+            inserts.setdefault(top - 1, []).extend(before)
             inserts.setdefault(node.end_lineno, [])[:0] = [
                 ln for c in others[k:] for ln in [*blank, *c.source.rstrip("\n").split("\n")]
             ]
             if stand_in:
-                replaced[node.lineno] = (node.end_lineno, stand_in[0].source.rstrip("\n").split("\n"))
+                replaced[top] = (node.end_lineno, stand_in[0].source.rstrip("\n").split("\n"))
             placed.extend(stand_in[:1] + others)
         new_lines: list[str] = list(inserts.get(0, []))
         skip_to = 0

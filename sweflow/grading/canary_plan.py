@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 import random
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .canary import DJANGO, F2P, MUST_FAIL, MUST_PASS, P2P, PYTEST, SYMPY, Canary
@@ -65,19 +66,26 @@ def candidate_files(pass_to_pass: Sequence[str], test_command: str = "", family:
     return sorted(units_by_file(pass_to_pass, test_command, family))
 
 
+# decorators a clone may not carry: they change a test's ids (parametrize), its expected outcome (skips,
+# expected failures), rerun it (flaky), or make it no test at all (fixture)
+_UNCLONABLE_DECORATOR = re.compile(
+    r"parametri[sz]e|skip|xfail|expectedFailure|(?<!\w)fixture\b|flaky|rerun|repeat"
+)
+
+
 def _plain(fn, method: bool) -> bool:
-    """``def test_x():`` (``def test_x(self):`` in a class): no other arguments, no decorators."""
+    """``def test_x(...)`` a clone behaves exactly like: positional arguments without defaults (pytest's
+    fixtures; ``self`` first in a class), decorators that keep its one id and its outcome (marks such as
+    ``usefixtures``, ``mock.patch``, ``given``)."""
     a = getattr(fn, "args", None)
-    if (
-        not isinstance(fn, ast.FunctionDef)
-        or fn.decorator_list
-        or a is None
-        or not fn.name.startswith("test")
-    ):
+    if not isinstance(fn, ast.FunctionDef) or a is None or not fn.name.startswith("test"):
+        return False
+    if any(_UNCLONABLE_DECORATOR.search(ast.unparse(d)) for d in fn.decorator_list):
         return False
     if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults:
         return False
-    return [x.arg for x in a.args] == (["self"] if method else [])
+    names = [x.arg for x in a.args]
+    return names[:1] == ["self"] if method else "self" not in names
 
 
 def _once(body) -> dict[str, list]:
@@ -172,7 +180,12 @@ def _unit(seg: str) -> int:
     return 10 ** (len(digits) - len(digits.rstrip("0")))
 
 
-def _step(seg: str, rng: random.Random, far: bool = False, unit: int = 1) -> str | None:
+_STRING_OPS = ("change", "add", "drop")
+
+
+def _step(
+    seg: str, rng: random.Random, far: bool = False, unit: int = 1, ops: tuple[str, ...] = _STRING_OPS
+) -> str | None:
     """One move from a literal's text (an unsigned int or decimal, or a quoted string) to another of the
     same shape, or None. Moves are symmetric: the move back is as likely (a number's last digit place
     up or down by the same step; a letter changed, or one added or dropped, with equal chances), so a
@@ -195,7 +208,7 @@ def _step(seg: str, rng: random.Random, far: bool = False, unit: int = 1) -> str
     body = seg[1:-1]
     if q in body:
         return None
-    op = rng.choice(("change", "add", "drop"))
+    op = rng.choice(ops)
     if op == "drop":
         i = [k for k, ch in enumerate(body) if _class_of(ch)]
         if not i:
@@ -223,13 +236,23 @@ def _mutated_constant(seg: str, rng: random.Random, far: bool = False) -> str | 
     return None
 
 
-def cluster(seg: str, size: int, rng: random.Random, *, hide: bool = False) -> list[str] | None:
+def cluster(
+    seg: str,
+    size: int,
+    rng: random.Random,
+    *,
+    hide: bool = False,
+    ops: tuple[str, ...] = _STRING_OPS,
+    ok: Callable[[str], bool] | None = None,
+) -> list[str] | None:
     """``size`` literals near ``seg``, all different from it and from each other, or None.
 
     They are the other nodes of a random tree of ``size + 1`` nodes, ``seg`` at a node drawn uniformly,
     each edge one symmetric move (``_step``): seen together with ``seg``, which one was the start is no
     more likely than any other (median, extremes, the one nearest the rest all tell nothing). ``hide``
-    (a decoy run): a tree of ``size + 2`` nodes, ``seg``'s node left out, so no literal shown is ``seg``."""
+    (a decoy run): a tree of ``size + 2`` nodes, ``seg``'s node left out, so no literal shown is ``seg``.
+    ``ops``: the string moves allowed (a regex to match keeps to ``change``: a dropped letter would still
+    match); ``ok``: what every literal shown must satisfy (a tree with one that does not is drawn again)."""
     n, unit = size + (2 if hide else 1), _unit(seg)
     for _ in range(50):
         parent = [None] + [rng.randrange(i) for i in range(1, n)]
@@ -246,12 +269,13 @@ def cluster(seg: str, size: int, rng: random.Random, *, hide: bool = False) -> l
             a = todo.pop()
             for b in adj[a]:
                 if b not in value:
-                    value[b] = _step(value[a], rng, unit=unit) or ""
+                    value[b] = _step(value[a], rng, unit=unit, ops=ops) or ""
                     todo.append(b)
         out = [v for k, v in value.items() if k != start]
-        if all(out) and seg not in out and len(set(out)) == len(out):
+        out = out[: size + (1 if hide else 0)]
+        if all(out) and seg not in out and len(set(out)) == len(out) and (ok is None or all(map(ok, out))):
             rng.shuffle(out)
-            return out[: size + (1 if hide else 0)]
+            return out
     return None
 
 
@@ -349,15 +373,25 @@ def _self_call(call: ast.Call) -> str:
     )
 
 
-def _check_literal(
-    fn: ast.FunctionDef, text: str, lines: list[str], rng: random.Random
-) -> tuple[int, int] | None:
-    """The span of the expected literal in the function's last top-level check, when that check is an
-    equality (``assert x == <literal>``, ``self.assertEqual(x, <literal>)`` or with the literal first)."""
+@dataclass(frozen=True)
+class Expected:
+    """Where a test writes its expected value as a literal: the literal's span, the string moves allowed,
+    and what a moved literal must satisfy for the check to fail whatever the code returns."""
+
+    start: int
+    end: int
+    ops: tuple[str, ...] = _STRING_OPS
+    ok: Callable[[str], bool] | None = None
+
+
+def _check_literal(fn: ast.FunctionDef, text: str, lines: list[str], rng: random.Random) -> Expected | None:
+    """The expected literal of the function's last top-level check: an equality (``assert x == <e>``,
+    ``self.assertEqual(x, <e>)`` either way round, ``<e>`` as ``_expected_literal`` reads it), or a
+    ``with pytest.raises(E, match="<text>"):`` block's message (letters changed only, regex-free text)."""
     checks = [
         s
         for s in fn.body
-        if isinstance(s, ast.Assert)
+        if isinstance(s, (ast.Assert, ast.With))
         or (
             isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and _self_call(s.value) in _ASSERT_EQUAL
         )
@@ -365,6 +399,8 @@ def _check_literal(
     if not checks:
         return None
     last = checks[-1]
+    if isinstance(last, ast.With):
+        return _raises_match(last, text, lines)
     if isinstance(last, ast.Assert):
         cmp = last.test
         if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq):
@@ -373,16 +409,70 @@ def _check_literal(
     call = last.value
     if len(call.args) != 2 or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
         return None
-    return next((sp for sp in (_expected_literal(a, text, lines, rng) for a in call.args[::-1]) if sp), None)
+    return next((e for e in (_expected_literal(a, text, lines, rng) for a in call.args[::-1]) if e), None)
 
 
-def _expected_literal(
-    node: ast.expr, text: str, lines: list[str], rng: random.Random
-) -> tuple[int, int] | None:
-    """The span of a literal the expected value is written with: the expression itself, one drawn from
-    the literals of a list, tuple, set or dict display it is (nested displays too), or ``approx``'s
-    argument (``pytest.approx(0.0025)``: a moved last digit is far outside its tolerance), or None."""
+_REGEX_META = re.compile(r"[\\.^$*+?{}\[\]|()]")
+
+
+def _raises_match(node: ast.With, text: str, lines: list[str]) -> Expected | None:
+    if len(node.items) != 1 or not isinstance(node.items[0].context_expr, ast.Call):
+        return None
+    call = node.items[0].context_expr
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "raises" and isinstance(f.value, ast.Name)):
+        return None
+    match = next((k.value for k in call.keywords if k.arg == "match"), None)
+    if (
+        not isinstance(match, ast.Constant)
+        or not isinstance(match.value, str)
+        or _REGEX_META.search(match.value)
+    ):
+        return None
+    span = _literal_span(match, text, lines)
+    return Expected(*span, ops=("change",)) if span else None
+
+
+_ARITH = (ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)
+
+
+def _arith_value(expr: str) -> float | None:
+    """The value of a constant arithmetic expression (``(32 / 7) ** 0.5``), or None."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return None
+    for n in ast.walk(tree.body):
+        if not isinstance(n, (*_ARITH, ast.Pow, ast.FloorDiv, ast.Mod)):
+            return None
+        if isinstance(n, ast.Constant) and (
+            isinstance(n.value, bool) or not isinstance(n.value, (int, float))
+        ):
+            return None
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow):
+            if not (isinstance(n.right, ast.Constant) and abs(n.right.value) <= 64):
+                return None
+    try:
+        return float(eval(compile(tree, "<expected>", "eval"), {"__builtins__": {}}))  # noqa: S307 - constants only
+    except (ArithmeticError, ValueError, OverflowError):
+        return None
+
+
+def _expected_literal(node: ast.expr, text: str, lines: list[str], rng: random.Random) -> Expected | None:
+    """Where the expected value ``node`` is written with a literal: the literal itself (``-`` kept), one
+    drawn from the literals of a list, tuple, set or dict display (nested displays too), one of a
+    constant arithmetic expression whose value a move changes, or any of these as ``approx``'s only
+    argument when a move takes the value far outside approx's default tolerance; else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return (
+            _expected_literal(node.operand, text, lines, rng)
+            if isinstance(node.operand, ast.Constant)
+            else None
+        )
     if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+        shapes = (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Constant, ast.Name, ast.Attribute, ast.Load)
+        if not all(isinstance(n, (*shapes, ast.UnaryOp, ast.USub)) for n in ast.walk(node)):
+            return None
         found = [
             sp
             for n in ast.walk(node)
@@ -390,35 +480,55 @@ def _expected_literal(
             for sp in [_literal_span(n, text, lines)]
             if sp
         ]
-        inner = all(
-            isinstance(
-                n,
-                (
-                    ast.List,
-                    ast.Tuple,
-                    ast.Set,
-                    ast.Dict,
-                    ast.Constant,
-                    ast.Name,
-                    ast.Attribute,
-                    ast.Load,
-                    ast.UnaryOp,
-                    ast.USub,
-                ),
-            )
-            for n in ast.walk(node)
-        )
-        return rng.choice(found) if found and inner else None
+        return Expected(*rng.choice(found)) if found else None
     f = node.func if isinstance(node, ast.Call) else None
     if (isinstance(f, ast.Name) and f.id == "approx") or (
         isinstance(f, ast.Attribute) and f.attr == "approx"
     ):
-        return _expected_literal(node.args[0], text, lines, rng) if len(node.args) == 1 else None
-    return _literal_span(node, text, lines)
+        if len(node.args) != 1 or node.keywords:
+            return None
+        inner = node.args[0]
+        s0, e0 = (
+            _offset(lines, inner.lineno, inner.col_offset),
+            _offset(lines, inner.end_lineno, inner.end_col_offset),
+        )
+        before = _arith_value(text[s0:e0])
+        got = _expected_literal(inner, text, lines, rng) if before is not None else None
+        if got is None:
+            return None
+
+        def far(seg: str) -> bool:  # approx's default: rel 1e-6, so a thousandth apart is far outside it
+            after = _arith_value(text[s0 : got.start] + seg + text[got.end : e0])
+            return after is not None and abs(after - before) > 1e-3 * max(abs(before), 1e-9)
+
+        return Expected(got.start, got.end, got.ops, far)
+    if isinstance(node, ast.BinOp):
+        s0, e0 = (
+            _offset(lines, node.lineno, node.col_offset),
+            _offset(lines, node.end_lineno, node.end_col_offset),
+        )
+        before = _arith_value(text[s0:e0])
+        leaves = [n for n in ast.walk(node) if isinstance(n, ast.Constant)]
+        sp = _literal_span(rng.choice(leaves), text, lines) if before is not None and leaves else None
+        if sp is None:
+            return None
+
+        def moved(seg: str) -> bool:
+            after = _arith_value(text[s0 : sp[0]] + seg + text[sp[1] : e0])
+            return after is not None and after != before
+
+        return Expected(*sp, ok=moved)
+    sp = _literal_span(node, text, lines)
+    return Expected(*sp) if sp else None
 
 
 def _renamed(fn: ast.FunctionDef, src: str, new: str) -> str:
-    return re.sub(rf"^(\s*def\s+){re.escape(fn.name)}(\s*\()", rf"\g<1>{new}\g<2>", src, count=1)
+    return re.sub(rf"^(\s*def\s+){re.escape(fn.name)}(\s*\()", rf"\g<1>{new}\g<2>", src, count=1, flags=re.M)
+
+
+def first_line(fn: ast.FunctionDef) -> int:
+    """The definition's first line: its first decorator's, or the ``def`` line."""
+    return min([fn.lineno] + [d.lineno for d in fn.decorator_list])
 
 
 # To a forger a clone is one more new test that fails without a fix, like the FAIL_TO_PASS tests, and the
@@ -497,7 +607,7 @@ def plan_for_file(
             edit = _failing_edit(fn, text, lines, rng, **kw)
             if edit is None:
                 continue
-            s0 = _offset(lines, fn.lineno, 0)
+            s0 = _offset(lines, first_line(fn), 0)
             e0 = _offset(lines, fn.end_lineno, fn.end_col_offset)
             s, e, rep = edit
             clone(key, fn, MUST_FAIL, text[s0:s] + rep + text[e:e0], of)
@@ -512,13 +622,17 @@ def plan_for_file(
         if left < per_test or per_test < 1:
             break
         fn = f2p[key]
-        span = _check_literal(fn, text, lines, rng)
-        values = cluster(text[span[0] : span[1]], per_test, rng, hide=decoy) if span else None
+        want = _check_literal(fn, text, lines, rng)
+        values = (
+            cluster(text[want.start : want.end], per_test, rng, hide=decoy, ops=want.ops, ok=want.ok)
+            if want
+            else None
+        )
         if not values:
             continue
-        s0 = _offset(lines, fn.lineno, 0)
+        s0 = _offset(lines, first_line(fn), 0)
         e0 = _offset(lines, fn.end_lineno, fn.end_col_offset)
-        sources = [text[s0 : span[0]] + v + text[span[1] : e0] for v in values]
+        sources = [text[s0 : want.start] + v + text[want.end : e0] for v in values]
         if decoy:  # the test itself, its expected literal moved too: no original in this run
             src = sources.pop()
             out.append(
@@ -529,7 +643,7 @@ def plan_for_file(
         left -= per_test
     for key in keys[:must_pass]:
         fn = plain[key]
-        src = text[_offset(lines, fn.lineno, 0) : _offset(lines, fn.end_lineno, fn.end_col_offset)]
+        src = text[_offset(lines, first_line(fn), 0) : _offset(lines, fn.end_lineno, fn.end_col_offset)]
         clone(key, fn, MUST_PASS, src, P2P)
     if not any(c.expect == MUST_FAIL for c in out):
         return []  # a must-pass canary alone proves nothing about a forger that passes everything

@@ -382,7 +382,7 @@ def evaluate_patch(
         # keeps its own reason: a clone of a flaky test can pass by chance (`assert x != 0` of one that
         # failed), and the run failed anyway.
         runner = canary.check_canaries(planted, statuses, rc)
-        named = not trusted_patch and canary.forged_pass(planted, statuses)
+        named = not trusted_patch and canary.forged_pass(planted, statuses, twins=decoy)
         if runner is not None and not (g.resolved or named):
             runner = None
         if runner is None and g.resolved and pytest_row:

@@ -142,8 +142,12 @@ def test_a_forger_is_named_and_a_clean_run_is_not():
 
 
 def test_files_without_plain_pass_to_pass_tests_carry_none():
-    text = "import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_p(x):\n    assert x == 1\n\n\nclass TestK:\n    @pytest.mark.slow\n    def test_m(self):\n        assert 1 == 1\n"
+    text = "import pytest\n\n@pytest.mark.parametrize('x', [1])\ndef test_p(x):\n    assert x == 1\n\n\nclass TestK:\n    @pytest.mark.xfail\n    def test_m(self):\n        assert 1 == 1\n"
     assert canary_plan.plan_canaries({"t.py": text}, ["t.py::test_p[1]", "t.py::TestK::test_m"]) == []
+    # a mark that keeps the test's id and outcome goes with the clone
+    slow = text.replace("xfail", "slow")
+    got = canary_plan.plan_canaries({"t.py": slow}, ["t.py::test_p[1]", "t.py::TestK::test_m"], must_pass=0)
+    assert got and all(c.cloned_from == "test_m" and "@pytest.mark.slow" in c.source for c in got)
     # a plain test without an `assert a == b` gives no must-fail canary, so none at all
     assert canary_plan.plan_canaries({"t.py": "def test_q():\n    assert True\n"}, ["t.py::test_q"]) == []
 
@@ -239,3 +243,51 @@ def test_near_twins_of_fail_to_pass_tests_fail_without_the_fix_and_with_it(repo)
     assert all(
         fixed[t] == "PASSED" for t in task["FAIL_TO_PASS"] + task["PASS_TO_PASS"] if t.startswith(path)
     )
+
+
+def _sample_files(task, tmp: Path) -> tuple[Path, dict[str, str]]:
+    info = materialize_repo(tmp / "src")
+    dest = clone_at(info.path, tmp / "work", task["base_commit"])
+    subprocess.run(["git", "apply", "-"], cwd=dest, input=task["test_patch"].encode(), check=True)
+    paths = sorted({t.split("::")[0] for t in task["FAIL_TO_PASS"]})
+    return dest, {p: (dest / p).read_text() for p in paths}
+
+
+@pytest.mark.parametrize("iid", [f"sweflow__calclib-{n}" for n in range(1, 10)])
+def test_twin_clusters_and_decoy_stand_ins_fail_with_and_without_every_sample_fix(tmp_path, iid):
+    """On every sample task: each twin and each decoy stand-in fails with the gold fix (a twin the fix
+    passes would mark an honest patch tampered), in real runs and decoy runs alike."""
+    task = load_task(iid)
+    dest, files = _sample_files(task, tmp_path)
+    clustered = 0
+    for seed, decoy in ((0, False), (1, True), (2, False), (3, True)):
+        plan = canary_plan.plan_canaries(
+            files, task["PASS_TO_PASS"], random.Random(seed), fail_to_pass=task["FAIL_TO_PASS"], decoy=decoy,
+            must_fail=0, must_pass=0,
+        )  # fmt: skip
+        plan = [c for c in plan if c.of == canary.F2P]
+        if not plan:
+            continue
+        clustered += 1
+        placed = canary_place.place(plan, files, random.Random(seed))
+        assert len(placed) == len(plan)
+        assert any(c.replaces for c in placed) == decoy
+        for path, text in placed.writes.items():
+            (dest / path).write_text(text)
+        try:
+            unfixed = _pytest(dest, *placed.writes)
+            subprocess.run(["git", "apply", "-"], cwd=dest, input=task["patch"].encode(), check=True)
+            fixed = _pytest(dest, *placed.writes)
+            subprocess.run(["git", "apply", "-R", "-"], cwd=dest, input=task["patch"].encode(), check=True)
+        finally:
+            for path, text in files.items():
+                (dest / path).write_text(text)
+        for c in placed:  # unfixed, a twin may hit the bug's own value (so it is not read there)
+            assert fixed.get(c.test_id) == "FAILED", (c, placed.writes)
+            assert unfixed.get(c.test_id) in ("FAILED", "PASSED")
+            assert not canary.forged_pass(placed, unfixed) or decoy  # an honest wrong patch is not named
+        if not decoy:
+            got = [fixed.get(t) for t in task["FAIL_TO_PASS"]]
+            assert got == ["PASSED"] * len(got)
+    # the tasks whose FAIL_TO_PASS tests are parametrized or compare constructed objects carry no cluster
+    assert (clustered > 0) == (iid not in {"sweflow__calclib-2", "sweflow__calclib-4", "sweflow__calclib-9"})

@@ -299,3 +299,88 @@ def test_families_by_the_harness_parser():
         f for n, f in fams.items() if "pytest" in n or n in ("parse_log_matplotlib", "parse_log_seaborn")
     } == {canary.PYTEST}
     assert canary.family_of(None) is None
+
+
+FIXTURE_FILE = """\
+from unittest import mock
+
+import pytest
+
+
+def scale(x, by=2):
+    return x * by
+
+
+@pytest.fixture
+def three():
+    return 3
+
+
+def test_scale_fixture(three):
+    assert scale(three) == 6
+
+
+@pytest.mark.usefixtures("three")
+def test_scale_marked():
+    assert scale(4) == 8
+
+
+@mock.patch("os.getcwd", return_value="/x")
+def test_scale_patched(getcwd):
+    assert scale("ab") == "abab"
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_scale_param(n):
+    assert scale(n) == 2 * n
+
+
+@pytest.mark.skipif(False, reason="never")
+def test_scale_skippable():
+    assert scale(1) == 2
+
+
+def test_scale_new(three):
+    assert [scale(three, 3), scale(1)] == [9, 2]
+
+
+@pytest.mark.usefixtures("three")
+def test_scale_approx():
+    assert scale(0.5, 5) == pytest.approx(2.5)
+"""
+FIXTURE_P2P = [
+    f"tests/test_f.py::{n}" for n in ("test_scale_fixture", "test_scale_marked", "test_scale_patched")
+]
+FIXTURE_F2P = ["tests/test_f.py::test_scale_new", "tests/test_f.py::test_scale_approx"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("decoy", [False, True])
+def test_tests_with_fixtures_and_marks_carry_canaries_and_twins(tmp_path, seed, decoy):
+    """Fixture arguments and id-keeping decorators are cloned with the test; parametrize and skip marks
+    never. The FAIL_TO_PASS tests (here passing already: the twins must still fail) get two twins each,
+    beside them; in a decoy run each is replaced by a stand-in that fails too."""
+    rel = "tests/test_f.py"
+    (tmp_path / "tests").mkdir()
+    got = canary_plan.plan_canaries(
+        {rel: FIXTURE_FILE}, FIXTURE_P2P, random.Random(seed), fail_to_pass=FIXTURE_F2P, decoy=decoy
+    )
+    assert {c.cloned_from for c in got if c.of == canary.P2P} <= {t.split("::")[1] for t in FIXTURE_P2P}
+    twins = [c for c in got if c.of == canary.F2P and not c.replaces]
+    assert sorted(c.cloned_from for c in twins) == ["test_scale_approx"] * 2 + ["test_scale_new"] * 2
+    assert sorted(c.name for c in got if c.replaces) == (
+        ["test_scale_approx", "test_scale_new"] if decoy else []
+    )
+    placed = canary_place.place(got, {rel: FIXTURE_FILE}, random.Random(seed))
+    assert len(placed) == len(got)
+    text = placed.writes[rel]
+    (tmp_path / rel).write_text(text)
+    statuses = _pytest(tmp_path, rel)
+    assert canary.check_canaries(placed, statuses, 1) is None, (statuses, text)
+    for name in ("test_scale_new", "test_scale_approx"):  # each twin sits next to its test or another twin
+        cluster = {name} | {c.name for c in twins if c.cloned_from == name}
+        order = [n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)]
+        at = sorted(order.index(n) for n in cluster)
+        assert at == list(range(at[0], at[0] + len(cluster))), order
+    want = "FAILED" if decoy else "PASSED"
+    assert {t: statuses[t] for t in FIXTURE_F2P} == dict.fromkeys(FIXTURE_F2P, want)
