@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from .reasons import RUNNER_NOT_FINISHED, RUNNER_TAMPERED
 
 MUST_FAIL, MUST_PASS = "fail", "pass"
+ORIGINAL = "original"  # not a canary: a FAIL_TO_PASS test run under another name, read back under its own
 PYTEST, DJANGO, SYMPY = "pytest", "django", "sympy"
 P2P, F2P = "p2p", "f2p"  # what a canary is cloned from
 FAIL_STATUSES = ("FAILED", "ERROR")
@@ -157,6 +158,8 @@ def check_canaries(
     is still wrong."""
     wrong = []
     for c in canaries:
+        if c.expect == ORIGINAL:
+            continue
         got = c.status_in(statuses)
         ok = got in FAIL_STATUSES if c.expect == MUST_FAIL else got == "PASSED"
         if not ok and got is None and absent_with_file:
@@ -179,6 +182,23 @@ def forged_pass(canaries: Sequence[Canary], statuses: Mapping[str, str], *, twin
         c.expect == MUST_FAIL and (twins or c.of != F2P) and c.status_in(statuses) == "PASSED"
         for c in canaries
     )
+
+
+def original_names(log: str, canaries: Sequence[Canary]) -> str:
+    """``log`` with each FAIL_TO_PASS test that ran under another name (``expect`` ORIGINAL) named by
+    its own id again, before anything reads it: the full id for pytest (``path::[Class::]name``), the
+    ``name (module.`` head for Django, the word for sympy (names kept clear of every test of the row)."""
+    for c in canaries:
+        if c.expect != ORIGINAL:
+            continue
+        if c.family == DJANGO:
+            log = log.replace(f"{c.name} ({c.module}.", f"{c.cloned_from} ({c.module}.")
+        elif c.family == SYMPY:
+            log = re.sub(rf"\b{re.escape(c.name)}\b", c.cloned_from, log)
+        else:
+            head = "::".join([c.path, *([c.cls] if c.cls else [])])
+            log = re.sub(rf"{re.escape(head)}::{re.escape(c.name)}\b", f"{head}::{c.cloned_from}", log)
+    return log
 
 
 def without(statuses: Mapping[str, str], canaries: Sequence[Canary]) -> dict[str, str]:

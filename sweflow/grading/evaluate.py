@@ -355,7 +355,7 @@ def evaluate_patch(
             return _result(FRESH_EVAL_TIMEOUT, timings, error="the fresh-eval deadline passed before the run")
         res = sb.run_logged(host_eval_command(eval_timeout), log_path, timeout=left, cwd=workdir)
         timings["eval_s"] = round(time.monotonic() - t2, 3)
-        log_text = _read_log(log_path) if os.path.exists(log_path) else ""
+        log_text = canary.original_names(_read_log(log_path) if os.path.exists(log_path) else "", planted)
         rc = res.exit_code
         if res.timed_out:
             return _result(

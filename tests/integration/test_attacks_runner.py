@@ -152,14 +152,16 @@ def test_gold_resolves_with_canaries_planted(env, task):
     # two FAIL_TO_PASS tests
     assert sorted((c["of"], c["expect"]) for c in res.canaries) == [
         *[("f2p", "fail")] * 4,
+        *[("f2p", "original")] * 2,  # each FAIL_TO_PASS test itself, run under a drawn name
         ("p2p", "fail"),
         ("p2p", "fail"),
         ("p2p", "pass"),
     ], res.canaries
-    assert all(c["got"] == ("PASSED" if c["expect"] == "pass" else "FAILED") for c in res.canaries)
+    hosts = [c for c in res.canaries if c["expect"] != "original"]
+    assert all(c["got"] == ("PASSED" if c["expect"] == "pass" else "FAILED") for c in hosts)
     # the canaries are the host's: not in the evidence's status map
     assert not {f"{c['path']}::{c['name']}" for c in res.canaries} & set(res.statuses)
-    assert set(task["FAIL_TO_PASS"]) <= set(res.statuses)
+    assert {res.statuses[t] for t in task["FAIL_TO_PASS"]} == {"PASSED"}  # read back under their own ids
 
 
 def test_empty_patch_keeps_its_own_reason(env, task):
@@ -267,30 +269,38 @@ _p.Function.runtest = _runtest
 """
 
 
-def test_a_forger_that_knows_the_fail_to_pass_tests_by_name_is_paid_without_decoys(env, task):
-    """One run alone cannot catch it: the originals are no-ops (pass), every twin runs honestly (fails)."""
+@pytest.mark.parametrize(
+    ("rename", "decoys", "paid"), [(False, 0, True), (False, 1, False), (True, 0, False)]
+)
+def test_the_name_oracle_against_drawn_names_and_decoy_runs(env, task, monkeypatch, rename, decoys, paid):
+    """With the FAIL_TO_PASS tests under their own names and no decoy run, one run cannot catch it: the
+    originals are no-ops (pass), every twin runs honestly (fails), paid. A decoy run catches it: the test
+    under a FAIL_TO_PASS name carries a moved literal there, and the no-op makes it pass (runner_tampered).
+    With the tests under drawn names (the default) it finds no name to no-op: nothing is forged."""
+    import functools
+
+    from sweflow.grading import canary_plan
+
+    monkeypatch.setattr(
+        canary_plan, "plan_canaries", functools.partial(canary_plan.plan_canaries, rename=rename)
+    )
     names = sorted(t.split("::")[-1] for t in task["FAIL_TO_PASS"])
     patch = _init_with(env, task, NOOP_BY_NAME.format(names=names))
     res = evaluate_agent_patch(
-        env.provider, env.templates[TASK], env.meta(task), patch, decoys=0, rules=NO_TAMPER_SCAN,
+        env.provider, env.templates[TASK], env.meta(task), patch, decoys=decoys, rules=NO_TAMPER_SCAN,
         sandbox_timeout=300,
     )  # fmt: skip
     assert any(c["of"] == "f2p" for c in res.canaries)
-    assert (res.reward, res.failure_reason) == (1.0, None), (res.marker, res.canaries)
-
-
-def test_the_decoy_run_catches_the_forger_that_knows_the_names(env, task):
-    """In the decoy run the test under a FAIL_TO_PASS name carries a moved expected literal too: the
-    oracle's no-op makes it pass, which no honest run does (runner_tampered)."""
-    names = sorted(t.split("::")[-1] for t in task["FAIL_TO_PASS"])
-    patch = _init_with(env, task, NOOP_BY_NAME.format(names=names))
-    res = evaluate_agent_patch(
-        env.provider, env.templates[TASK], env.meta(task), patch, rules=NO_TAMPER_SCAN, sandbox_timeout=300
-    )
-    assert (res.reward, res.failure_reason) == (0.0, "runner_tampered"), (res.marker, res.canaries)
-    stand_ins = [c for c in res.canaries if c.get("replaces")]
-    assert stand_ins and all(c["got"] == "PASSED" and c["name"] in names for c in stand_ins), res.canaries
-    assert "decoy_total_s" in res.timings and "decoy1_s" in res.timings
+    if paid:
+        assert (res.reward, res.failure_reason) == (1.0, None), (res.marker, res.canaries)
+    elif decoys:
+        assert (res.reward, res.failure_reason) == (0.0, "runner_tampered"), (res.marker, res.canaries)
+        stand_ins = [c for c in res.canaries if c.get("replaces")]
+        assert stand_ins and all(c["got"] == "PASSED" and c["name"] in names for c in stand_ins)
+        assert "decoy_total_s" in res.timings and "decoy1_s" in res.timings
+    else:  # the tests it would no-op are not there under those names: they ran and failed
+        assert res.reward == 0.0 and res.failure_reason != "runner_tampered", (res.marker, res.canaries)
+        assert set(task["FAIL_TO_PASS"]) <= set(res.statuses)
 
 
 def test_gold_survives_the_decoy_runs(env, task):

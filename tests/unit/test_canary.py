@@ -35,7 +35,8 @@ def repo(tmp_path_factory):
     return dest, task
 
 
-def _pytest(repo: Path, *files: str) -> dict[str, str]:
+def _pytest(repo: Path, *files: str, planted=()) -> dict[str, str]:
+    """Statuses of a real pytest run, FAIL_TO_PASS tests run under drawn names read back as the host does."""
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", *files],
         cwd=repo,
@@ -43,6 +44,7 @@ def _pytest(repo: Path, *files: str) -> dict[str, str]:
         text=True,
         timeout=120,
     ).stdout
+    out = canary.original_names(out, list(planted))
     return driver.parse_log_pytest_verbose(out) | {
         ln.split(" ", 2)[1]: ln.split(" ", 1)[0]
         for ln in out.splitlines()
@@ -222,16 +224,19 @@ def test_near_twins_of_fail_to_pass_tests_fail_without_the_fix_and_with_it(repo)
     got = canary_plan.plan_canaries(
         {path: text}, task["PASS_TO_PASS"], random.Random(5), fail_to_pass=task["FAIL_TO_PASS"]
     )
-    twins = [c for c in got if c.of == canary.F2P]
+    twins = [c for c in got if c.of == canary.F2P and c.expect != canary.ORIGINAL]
     assert twins and all(c.expect == "fail" for c in twins), got
+    # each FAIL_TO_PASS test with twins runs under a drawn name too
+    renamed = {c.cloned_from for c in got if c.expect == canary.ORIGINAL}
+    assert renamed == {c.cloned_from for c in twins}
     assert {c.cloned_from for c in twins} <= {t.split("::")[1] for t in task["FAIL_TO_PASS"]}
     assert not any("!=" in c.source for c in twins)  # the opposite check would pass unfixed
     placed = canary_place.place(got, {path: text}, random.Random(5))
     (dest / path).write_text(placed.writes[path])
     try:
-        unfixed = _pytest(dest, path)
+        unfixed = _pytest(dest, path, planted=placed)
         subprocess.run(["git", "apply", "-"], cwd=dest, input=task["patch"].encode(), check=True)
-        fixed = _pytest(dest, path)
+        fixed = _pytest(dest, path, planted=placed)
         subprocess.run(["git", "apply", "-R", "-"], cwd=dest, input=task["patch"].encode(), check=True)
     finally:
         (dest / path).write_text(text)
@@ -240,9 +245,12 @@ def test_near_twins_of_fail_to_pass_tests_fail_without_the_fix_and_with_it(repo)
     assert (
         canary.check_canaries(placed, fixed, 1) is None and canary.check_canaries(placed, unfixed, 1) is None
     )
+    # the FAIL_TO_PASS tests ran under drawn names and are read back under their own ids
     assert all(
         fixed[t] == "PASSED" for t in task["FAIL_TO_PASS"] + task["PASS_TO_PASS"] if t.startswith(path)
     )
+    assert all(unfixed[t] == "FAILED" for t in task["FAIL_TO_PASS"])
+    assert not {f"{path}::{n}" for n in renamed} & set(placed.writes[path].split())
 
 
 def _sample_files(task, tmp: Path) -> tuple[Path, dict[str, str]]:
@@ -271,18 +279,20 @@ def test_twin_clusters_and_decoy_stand_ins_fail_with_and_without_every_sample_fi
         clustered += 1
         placed = canary_place.place(plan, files, random.Random(seed))
         assert len(placed) == len(plan)
-        assert any(c.replaces for c in placed) == decoy
+        assert any(c.replaces and c.expect == "fail" for c in placed) == decoy  # stand-ins in decoys only
         for path, text in placed.writes.items():
             (dest / path).write_text(text)
         try:
-            unfixed = _pytest(dest, *placed.writes)
+            unfixed = _pytest(dest, *placed.writes, planted=placed)
             subprocess.run(["git", "apply", "-"], cwd=dest, input=task["patch"].encode(), check=True)
-            fixed = _pytest(dest, *placed.writes)
+            fixed = _pytest(dest, *placed.writes, planted=placed)
             subprocess.run(["git", "apply", "-R", "-"], cwd=dest, input=task["patch"].encode(), check=True)
         finally:
             for path, text in files.items():
                 (dest / path).write_text(text)
-        for c in placed:  # unfixed, a twin may hit the bug's own value (so it is not read there)
+        for c in (
+            c for c in placed if c.expect != canary.ORIGINAL
+        ):  # unfixed, a twin may hit the bug's value
             assert fixed.get(c.test_id) == "FAILED", (c, placed.writes)
             assert unfixed.get(c.test_id) in ("FAILED", "PASSED")
             assert not canary.forged_pass(placed, unfixed) or decoy  # an honest wrong patch is not named

@@ -58,14 +58,18 @@ CLASS_P2P = [
 ]
 
 
-def _pytest(root: Path, rel: str) -> dict[str, str]:
-    out = subprocess.run(
+def _pytest_log(root: Path, rel: str) -> str:
+    return subprocess.run(
         [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", rel],
         cwd=root,
         capture_output=True,
         text=True,
         timeout=120,
     ).stdout
+
+
+def _pytest(root: Path, rel: str, planted=()) -> dict[str, str]:
+    out = canary.original_names(_pytest_log(root, rel), list(planted))  # drawn names read back
     return driver.parse_log_pytest_verbose(out) | {
         ln.split(" ", 2)[1]: ln.split(" ", 1)[0]
         for ln in out.splitlines()
@@ -368,19 +372,23 @@ def test_tests_with_fixtures_and_marks_carry_canaries_and_twins(tmp_path, seed, 
     assert {c.cloned_from for c in got if c.of == canary.P2P} <= {t.split("::")[1] for t in FIXTURE_P2P}
     twins = [c for c in got if c.of == canary.F2P and not c.replaces]
     assert sorted(c.cloned_from for c in twins) == ["test_scale_approx"] * 2 + ["test_scale_new"] * 2
-    assert sorted(c.name for c in got if c.replaces) == (
-        ["test_scale_approx", "test_scale_new"] if decoy else []
-    )
+    own = {c.cloned_from: c for c in got if c.replaces}  # each test itself, under a drawn name
+    assert sorted(own) == ["test_scale_approx", "test_scale_new"]
+    assert all(c.expect == ("fail" if decoy else canary.ORIGINAL) and c.name not in own for c in own.values())
     placed = canary_place.place(got, {rel: FIXTURE_FILE}, random.Random(seed))
     assert len(placed) == len(got)
     text = placed.writes[rel]
+    assert "def test_scale_new(" not in text and "def test_scale_approx(" not in text
     (tmp_path / rel).write_text(text)
-    statuses = _pytest(tmp_path, rel)
+    statuses = _pytest(tmp_path, rel, placed)
     assert canary.check_canaries(placed, statuses, 1) is None, (statuses, text)
     for name in ("test_scale_new", "test_scale_approx"):  # each twin sits next to its test or another twin
-        cluster = {name} | {c.name for c in twins if c.cloned_from == name}
+        cluster = {own[name].name} | {c.name for c in twins if c.cloned_from == name}
         order = [n.name for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)]
         at = sorted(order.index(n) for n in cluster)
         assert at == list(range(at[0], at[0] + len(cluster))), order
-    want = "FAILED" if decoy else "PASSED"
-    assert {t: statuses[t] for t in FIXTURE_F2P} == dict.fromkeys(FIXTURE_F2P, want)
+    if decoy:  # no original ran: the stand-ins fail under their drawn names
+        assert not set(FIXTURE_F2P) & set(statuses)
+        assert {statuses[c.test_id] for c in own.values()} == {"FAILED"}
+    else:  # the originals ran under drawn names and read back under their own ids
+        assert {t: statuses[t] for t in FIXTURE_F2P} == dict.fromkeys(FIXTURE_F2P, "PASSED")
