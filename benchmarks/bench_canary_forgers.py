@@ -8,7 +8,7 @@ For each sample task the test files run by its eval script (at the base commit, 
 the test command would find them). Each forger sees every cluster (an original and its twins, or a decoy's
 stand-in and twins) and picks the member it takes for the original, by the expected literal (median, min,
 max, nearest the rest, roundest), by place in the file (first, last) or by name (the oracle: it knows the
-FAIL_TO_PASS names). Printed per forger: how often its pick is the original in real runs (chance is
+FAIL_TO_PASS names, which no run shows now: each such test runs under a drawn name). Printed per forger: how often its pick is the original in real runs (chance is
 1/(twins+1) per cluster), and how often the same rule finds a "clear" pick in decoy runs vs real ones (a rule
 that separates them would let a forger stay honest in decoys). The last lines bound the randomising name
 oracle's pay against decoy runs (forge with chance r per run, paid only when the decoy did not forge).
@@ -83,7 +83,8 @@ def _members(text: str, cset, name: str, cls: str) -> list[dict]:
     )
     nodes = {n.name: n for n in scope.body if isinstance(n, ast.FunctionDef)}
     lines = text.split("\n")
-    names = [name] + [c.name for c in cset if c.of == "f2p" and c.cloned_from == name and not c.replaces]
+    own = next((c.name for c in cset if c.replaces and c.cloned_from == name), name)  # under a drawn name
+    names = [own] + [c.name for c in cset if c.of == "f2p" and c.cloned_from == name and not c.replaces]
     srcs = {n: "\n".join(lines[nodes[n].lineno - 1 : nodes[n].end_lineno]) for n in names}
     out = []
     for n in names:
@@ -146,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                         for forger, pick in picks.items():
                             clear[decoy][forger].append(pick is not None)
                             if not decoy:
+                                right = members[0]["name"]  # the original: the cluster's first member
                                 hits[forger].append(
-                                    1.0 if pick == name else 0.0 if pick else 1 / len(members)
+                                    1.0 if pick == right else 0.0 if pick else 1 / len(members)
                                 )
                         if not decoy:
                             clusters += 1
@@ -163,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{forger:<20} {statistics.mean(hits[forger]):15.3f} {statistics.mean(clear[False][forger]):16.3f} "
             f"{statistics.mean(clear[True][forger]):17.3f}"
         )
-    print("name oracle that forges with chance r per run, paid only if no decoy forged (r = 1/(K+1)):")
+    print(
+        "a forger that knows the original, forging with chance r = 1/(K+1) per run, paid if no decoy forged:"
+    )
     for k in (0, 1, 2, 3):
         r = 1 / (k + 1)
         print(f"  decoys={k}: paid {r * (1 - r) ** k:.3f}, caught {r * (1 - (1 - r) ** k):.3f}")
