@@ -38,8 +38,9 @@ def test_every_sample_task_validates(sample_env):  # noqa: F811
         gold = [x for x in r["runs"] if x["patch"] == "gold"]
         empty = [x for x in r["runs"] if x["patch"] == "empty"]
         # the host's must-fail canaries fail in every run, so the test command exits 1 where planted: 3
-        # clones of PASS_TO_PASS tests, and up to 2 near-twins of FAIL_TO_PASS tests that have a constant
-        assert all(3 <= x["canaries"] <= 5 for x in r["runs"]), r["runs"]
+        # clones of PASS_TO_PASS tests, and up to 6 twins of FAIL_TO_PASS tests that have an expected
+        # literal (2 each), each such test run under a drawn name (counted with them)
+        assert all(3 <= x["canaries"] <= 12 for x in r["runs"]), r["runs"]
         assert all(x["reward"] == 1.0 and x["marker"]["test_exit_code"] == 1 for x in gold), gold
         assert all(x["failure_reason"] == "fail_to_pass_failure" for x in empty)
         assert all(x["marker"]["fail_to_pass_success"] == 0 for x in empty)
