@@ -423,8 +423,13 @@ def train_sft_step(
     known = {k: v for k, v in dict(train).items() if k in fields}
     known["fsdp"] = "fsdp2" if par["fsdp"] and gpus and nodes * gpus > 1 else None
     settings = SFTSettings.from_mapping(known)
-    work = Path(out_dir)
-    work.mkdir(parents=True, exist_ok=True)
+    from ..train.resume import last_complete_checkpoint, prepare_work, sft_fingerprint
+
+    # checkpoints made from other messages, weights, result keys or code are not resumed (one log line
+    # says what changed); a checkpoint whose save was cut off is removed before any process starts
+    fingerprint = sft_fingerprint(train=train, messages=messages, model_dir=model_dir)
+    work = prepare_work(Path(out_dir), fingerprint, "sft.train")
+    last_complete_checkpoint(work / "checkpoints", remove_partial=True)
     spec = work / "spec.json"
     launch = sft_launch(settings, spec, nodes=nodes, gpus_per_node=gpus, python=sys.executable,
                         job_id=os.environ.get("SLURM_JOB_ID"))  # fmt: skip

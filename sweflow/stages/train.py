@@ -197,33 +197,6 @@ def select_instances(
     return [r for r in rows if r["metadata"]["instance_id"] in wanted]
 
 
-def _prepare_work(run_dir: Path, fingerprint: Mapping[str, Any]) -> Path:
-    """The run's working folder; emptied, with one log line naming what changed, when its checkpoints were
-    made from other inputs (`sweflow.train.resume.run_fingerprint`, kept as work/recipe.json)."""
-    from ..train.resume import fingerprint_changes
-
-    work = run_dir / "work"
-    marker = work / "recipe.json"
-    text = stable_json(fingerprint) + "\n"
-    if marker.exists() and marker.read_text() != text:
-        try:
-            old = json.loads(marker.read_text())
-        except ValueError:
-            old = None
-        changes = fingerprint_changes(old, fingerprint) or ["its fingerprint"]
-        log.warning(
-            "starting %s over at step 0: %s changed since its checkpoints", run_dir, "; ".join(changes)
-        )
-        shutil.rmtree(work)
-    elif work.exists() and not marker.exists() and any(work.iterdir()):
-        log.warning("starting %s over at step 0: its state has no fingerprint (work/recipe.json)", run_dir)
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    if not marker.exists():
-        atomic_write(marker, text)
-    return work
-
-
 def _publish(work: Path, outputs: Mapping[str, str]) -> None:
     """Copy the work folder's results to the declared outputs (each written beside, then renamed)."""
     atomic_write(
@@ -309,7 +282,7 @@ def train_grpo_step(
     Snakemake's attempt number (a retry after attempts without progress fails at once).
     """
     from ..train.recipe import Recipe, check_recipe
-    from ..train.resume import run_fingerprint
+    from ..train.resume import prepare_work, run_fingerprint
 
     recipe = Recipe.from_config(train)
     check_recipe(recipe)
@@ -324,7 +297,7 @@ def train_grpo_step(
     fingerprint = run_fingerprint(
         train=train, sandbox=sandbox, provider=provider, rows=rows, model_dir=model_dir
     )
-    work = _prepare_work(run_dir, fingerprint)
+    work = prepare_work(run_dir / "work", fingerprint)
     _start_attempt(work, recipe.engine, attempt)
     try:
         result = ENGINES[recipe.engine](

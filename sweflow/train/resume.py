@@ -1,5 +1,5 @@
-"""When a GRPO run may resume: `run_fingerprint`, what its checkpoints were made from (work/recipe.json),
-`fingerprint_changes` in words, and `last_complete_checkpoint`, the newest checkpoint whose save finished.
+"""When a GRPO or SFT run may resume: `run_fingerprint` / `sft_fingerprint`, what its checkpoints were made
+from (work/recipe.json, `prepare_work`), `fingerprint_changes` in words, and `last_complete_checkpoint`.
 
 A run resumes only while its fingerprint is unchanged and only from a complete checkpoint (see above each).
 """
@@ -101,6 +101,46 @@ def run_fingerprint(
     }
 
 
+def prepare_work(work: Path, fingerprint: Mapping[str, Any], section: str = "train") -> Path:
+    """The run's working folder `work` (made); emptied, with one log line naming what changed, when its
+    checkpoints were made from other inputs (`run_fingerprint`, `sft_fingerprint`; kept as work/recipe.json).
+    `section`: the config section the recipe part's keys are named under in that line."""
+    work, run_dir = Path(work), Path(work).parent
+    marker = work / "recipe.json"
+    text = stable_json(fingerprint) + "\n"
+    if marker.exists() and marker.read_text() != text:
+        try:
+            old = json.loads(marker.read_text())
+        except ValueError:
+            old = None
+        changes = fingerprint_changes(old, fingerprint, section) or ["its fingerprint"]
+        log.warning(
+            "starting %s over at step 0: %s changed since its checkpoints", run_dir, "; ".join(changes)
+        )
+        shutil.rmtree(work)
+    elif work.exists() and not marker.exists() and any(work.iterdir()):
+        log.warning("starting %s over at step 0: its state has no fingerprint (work/recipe.json)", run_dir)
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    if not marker.exists():
+        atomic_write(marker, text)
+    return work
+
+
+def sft_fingerprint(
+    *, train: Mapping[str, Any], messages: str | os.PathLike, model_dir: str | os.PathLike
+) -> dict[str, Any]:
+    """What an SFT run's checkpoints were made from: the `sft.train` result keys (operational ones left
+    out), the messages file's bytes, the starting weights and the training code."""
+    return {
+        "format": FORMAT,
+        "recipe": result_values(train, "sft.train"),
+        "tasks": sha256_file(Path(messages)),
+        "weights": weights_sha256(model_dir),
+        "code": code_fingerprint(),
+    }
+
+
 _PARTS = {
     "recipe": "the recipe",
     "sandbox": "the sandbox settings",
@@ -119,8 +159,9 @@ def _leaves(node: Any, path: tuple[str, ...] = ()) -> dict[str, Any]:
     return {".".join(path): node}
 
 
-def fingerprint_changes(old: Any, new: Mapping[str, Any]) -> list[str]:
-    """What differs between a stored fingerprint and the run's, in words ([] when nothing does)."""
+def fingerprint_changes(old: Any, new: Mapping[str, Any], section: str = "train") -> list[str]:
+    """What differs between a stored fingerprint and the run's, in words ([] when nothing does); the
+    recipe's keys are named under `section`."""
     if not isinstance(old, Mapping) or old.get("format") != new.get("format"):
         return ["the fingerprint's format (state of an older sweflow)"]
     out = []
@@ -130,7 +171,7 @@ def fingerprint_changes(old: Any, new: Mapping[str, Any]) -> list[str]:
         if isinstance(new.get(part), Mapping) and isinstance(old.get(part), Mapping):
             a, b = _leaves(old[part]), _leaves(new[part])
             keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-            prefix = "train." if part == "recipe" else "sandbox." if part == "sandbox" else ""
+            prefix = f"{section}." if part == "recipe" else "sandbox." if part == "sandbox" else ""
             shown = ", ".join(f"{prefix}{k}" for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
             out.append(f"{words} ({shown})")
         else:

@@ -256,6 +256,20 @@ def _trainer_class():
             self._asst += int((inputs["labels"] != -100).sum())
             return super().training_step(model, inputs, num_items_in_batch)
 
+        def _save_checkpoint(self, model, trial):
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            from .resume import write_checkpoint_marker
+
+            super()._save_checkpoint(model, trial)
+            # every process has written its part before the marker says the folder is whole
+            self.accelerator.wait_for_everyone()
+            if self.accelerator.is_main_process:
+                step = int(self.state.global_step)
+                write_checkpoint_marker(
+                    Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{step}", step
+                )
+
         def log(self, logs, start_time=None):
             if "loss" in logs and self.model.training:  # every rank logs each logging step
                 counts = torch.tensor([self._tok, self._asst], device=self.accelerator.device)
@@ -318,11 +332,13 @@ def _metrics_callback(metrics_path: Path, history: list[dict], write: bool):
 
 
 def _resume(ckpt_dir: Path, metrics_path: Path, write: bool) -> tuple[str | None, int, list[dict]]:
-    """(last checkpoint or None, its step, the earlier run's metrics lines up to it). The metrics file is
-    rewritten with those lines only (a fresh run empties it; a torn last line from a crash is left out)."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """(last complete checkpoint or None, its step, the earlier run's metrics lines up to it; a newer partial
+    checkpoint is skipped with a log line). The metrics file is rewritten with those lines only (a fresh run
+    empties it; a torn last line from a crash is left out)."""
+    from .resume import last_complete_checkpoint
 
-    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    found = last_complete_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+    last = str(found) if found else None
     step, lines = 0, []
     if last is not None:
         state = Path(last) / "trainer_state.json"

@@ -328,6 +328,54 @@ def test_resume_from_checkpoint(trained, model_dir, tmp_path):
     assert (out / "final" / "config.json").exists()
 
 
+def test_a_checkpoint_cut_off_mid_save_is_skipped(trained, model_dir, tmp_path, caplog):
+    """Issue 45: each save ends with a completion marker; a checkpoint without it (the job killed while
+    writing it) is skipped with a log line and training resumes from the last complete one."""
+    first, _ = trained
+    assert all((c / "sweflow-complete.json").is_file() for c in (first / "checkpoints").glob("checkpoint-*"))
+    out = tmp_path / "run"
+    shutil.copytree(first, out)
+    shutil.rmtree(out / "final")
+    cut = out / "checkpoints" / "checkpoint-20"
+    (cut / "sweflow-complete.json").unlink()
+    (cut / "trainer_state.json").unlink()  # as a kill during the save leaves it
+    with open(cut / "optimizer.pt", "r+b") as fh:
+        fh.truncate(5000)
+    with caplog.at_level("WARNING", logger="sweflow.train"):
+        s2 = train_sft(_train_rows(), model_dir, out, TRAIN, metrics_path=out / "metrics.jsonl")
+    assert s2["resumed_from_step"] == 10 and s2["steps"] == 20
+    assert "checkpoint-20 is partial" in caplog.text
+    assert (cut / "sweflow-complete.json").is_file()  # saved again, whole
+
+
+def test_new_messages_start_the_sft_run_over(model_dir, tmp_path, caplog):
+    """Issue 45: a rerun after its inputs changed trains from step 0 on the new messages and publishes the
+    new weights; the same inputs resume (here: a finished run, nothing to train)."""
+    from sweflow.stages.sft import train_sft_step
+
+    settings = {"epochs": 100, "max_steps": 4, "lr": 1e-3, "lr_scheduler": "constant", "warmup_steps": 0,
+                "max_length": 96, "save_every": 2}  # fmt: skip
+    run = tmp_path / "results" / "sft" / "train" / "r"
+    messages = tmp_path / "messages.jsonl"
+
+    def step(rows):
+        messages.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return train_sft_step(messages, model_dir, run / "work", run / "summary.json", run / "metrics.jsonl",
+                              run / "final", train=settings)  # fmt: skip
+
+    def weights():
+        return (run / "final" / "model.safetensors").read_bytes()
+
+    s1 = step([_text_row(i) for i in range(4)])
+    w1 = weights()
+    s2 = step([_text_row(i) for i in range(4)])
+    assert s1["steps"] == s2["steps"] == 4 and s2["resumed_from_step"] == 4 and weights() == w1
+    with caplog.at_level("WARNING", logger="sweflow.train"):
+        s3 = step([_text_row(i) for i in range(1, 5)])
+    assert "starting" in caplog.text and "over at step 0: the task rows changed" in caplog.text
+    assert s3["resumed_from_step"] is None and s3["steps"] == 4 and weights() != w1
+
+
 def test_accelerate_command_fsdp2_two_nodes():
     s = SFTSettings(fsdp="fsdp2", bf16=True, gradient_checkpointing=True)
     argv = accelerate_command(s, 2, 8, "10.0.0.1", 29500, "$SLURM_NODEID", ["spec.json"], python="py")

@@ -8,6 +8,7 @@ import pytest
 from sweflow.errors import SweflowError
 from sweflow.stages import train as stage
 from sweflow.train import engines
+from sweflow.train.resume import prepare_work
 
 
 def test_no_valid_task_is_one_clear_error(tmp_path):
@@ -22,13 +23,13 @@ def test_a_changed_fingerprint_starts_the_run_over_saying_what_changed_and_the_s
     tmp_path, caplog
 ):
     same = {"format": 2, "recipe": {"optim": {"lr": 1}}, "weights": "w1", "tasks": "t1"}
-    work = stage._prepare_work(tmp_path, same)
+    work = prepare_work(tmp_path / "work", same)
     (work / "checkpoints").mkdir()
     (work / "checkpoints" / "checkpoint-3").mkdir()
-    assert stage._prepare_work(tmp_path, dict(same)) == work
+    assert prepare_work(tmp_path / "work", dict(same)) == work
     assert (work / "checkpoints" / "checkpoint-3").exists()  # resumable
     with caplog.at_level("WARNING", logger="sweflow.train"):
-        stage._prepare_work(tmp_path, {**same, "recipe": {"optim": {"lr": 2}}, "weights": "w2"})
+        prepare_work(tmp_path / "work", {**same, "recipe": {"optim": {"lr": 2}}, "weights": "w2"})
     assert not (work / "checkpoints").exists()
     assert '"w2"' in (work / "recipe.json").read_text()
     assert "the recipe (train.optim.lr); the starting weights changed" in caplog.text
