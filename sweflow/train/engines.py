@@ -228,7 +228,16 @@ def run_verl(r: EngineRun) -> dict[str, Any]:
     atomic_write(launcher, script)
     # verl resumes from the step its tracker file names, written after a save completed (resume_mode auto)
     log.info("verl %s", f"resumes from global_step_{done}" if done else "starts at step 0")
+    (work / STOPPED).unlink(missing_ok=True)
     proc = subprocess.run(["bash", str(launcher)], check=False)
+    if (work / STOPPED).exists():  # sweflow.train.verl_deadline: saved before Slurm's time limit and stopped
+        stop = read_json(work / STOPPED)
+        raise TimeLimitStop(
+            f"verl saved a checkpoint at step {stop.get('step')} and stopped: {stop.get('why')}",
+            step=stop.get("step"),
+            file=str(work / "logs"),
+            hint="a retry of the job (or a rerun) resumes from that checkpoint",
+        )
     if proc.returncode != 0:
         raise TrainError(
             f"verl's trainer exited with status {proc.returncode}",

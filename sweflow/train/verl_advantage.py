@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..schema import default
-from . import verl_one_step
+from . import verl_deadline, verl_one_step
 from .algos import group_advantages, whiten
 from .verl_engine import WHITEN_ESTIMATOR as ESTIMATOR
 from .verl_engine import WHITEN_MODULE
@@ -152,8 +152,9 @@ def register_estimator() -> None:
 
 
 def install() -> bool:
-    """Route `ESTIMATOR` through the per-session rule of verl's v1 trainer and make each rollout step one
-    optimizer step (`verl_one_step`); False where the trainer cannot load."""
+    """Route `ESTIMATOR` through the per-session rule of verl's v1 trainer, make each rollout step one
+    optimizer step (`verl_one_step`) and stop before Slurm's time limit (`verl_deadline`); False where the
+    trainer cannot load."""
     global _VERL_MULTI
     try:
         from verl.trainer.ppo.v1 import trainer_base
@@ -165,6 +166,12 @@ def install() -> bool:
         _VERL_MULTI = current
         trainer_base.compute_advantage_for_multi_trajectories = compute_advantage_for_multi_trajectories
     verl_one_step.install_one_step(trainer_base.PPOTrainer)  # one optimizer step per rollout step
+    try:
+        from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    except ImportError as exc:
+        log.debug("verl's sync trainer is not importable here (%s)", exc)
+    else:
+        verl_deadline.install_deadline(PPOTrainerSync)  # save and stop before Slurm's time limit
     return True
 
 
