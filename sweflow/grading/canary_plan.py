@@ -66,10 +66,10 @@ def candidate_files(pass_to_pass: Sequence[str], test_command: str = "", family:
     return sorted(units_by_file(pass_to_pass, test_command, family))
 
 
-# decorators a clone may not carry: they change a test's ids (parametrize), its expected outcome (skips,
+# decorators a clone may not carry: they change a test's ids (parametrize, parameterized.expand), its outcome (skips,
 # expected failures), rerun it (flaky), or make it no test at all (fixture)
 _UNCLONABLE_DECORATOR = re.compile(
-    r"parametri[sz]e|skip|xfail|expectedFailure|(?<!\w)fixture\b|flaky|rerun|repeat"
+    r"paramete?ri[sz]e|skip|xfail|expectedFailure|(?<!\w)fixture\b|flaky|rerun|repeat", re.I
 )
 
 
