@@ -369,6 +369,16 @@ def expert_parquet(wildcards):
     return [f"resources/datasets/{wildcards.dataset}/{wildcards.split}.parquet"]
 
 
+def e2e_trajectories(wildcards):
+    """The e2e check's recorded sessions, asked for once the valid_rows checkpoints are done: a job reading
+    them (the warm start) is planned again with the e2e check, so when a verdict elsewhere leaves the check
+    up to date it stays up to date too (planned before, it would run once for nothing).
+    """
+    for s in SPLITS:
+        _valid_rows_of(wildcards.dataset, s)
+    return f"results/{wildcards.dataset}/e2e/{E2E_INSTANCE}.trajectories.jsonl.gz"
+
+
 def e2e_rows(wildcards):
     """The instance's own valid row file (whichever split holds it), so another task's verdict reruns nothing
     here; when no split holds it, every tasks.valid.jsonl (the step then says the task is not valid).

@@ -63,7 +63,7 @@ rule megatron_checkpoint:
 rule warm_start:
     input:
         hf=f"models/{MODEL_NAME}/hf",
-        trajectories=lambda wc: f"results/{wc.dataset}/e2e/{E2E_INSTANCE}.trajectories.jsonl.gz",
+        trajectories=e2e_trajectories,
     output:
         model=directory("results/{dataset}/warm_start/{model}/hf"),
         summary="results/{dataset}/warm_start/{model}/summary.json",
