@@ -17,6 +17,7 @@ include: "rules/validate.smk"
 include: "rules/e2e.smk"
 include: "rules/train.smk"
 include: "rules/sft.smk"
+include: "rules/evaluate.smk"
 
 
 # The pipeline's end products: `all` asks for them, and the report (written last) shows them.
@@ -38,6 +39,7 @@ TARGETS = dict(
     train=TRAIN_TARGETS,
     smith=SMITH_TARGETS,
     sft=SFT_TARGETS,
+    evaluate=EVAL_TARGETS,
 )
 REPORT_INPUTS = TARGETS
 

@@ -262,6 +262,51 @@ def grpo_megatron(wildcards):
     return [f"models/{MODEL_NAME}/torch_dist"] if USE_MEGATRON else []
 
 
+# ----- evaluation (rules/evaluate.smk)
+EVALUATE = config["evaluate"]
+# a checkpoint is evaluated where the configuration makes it
+_MADE = {
+    "base": True,
+    "warm_start": TRAIN["enabled"] and TRAIN["warm_start"]["enabled"],
+    "grpo": TRAIN["enabled"],
+    "sft": config["sft"]["enabled"] and config["sft"]["train"]["enabled"],
+}
+EVAL_TARGETS = (
+    [
+        f"results/{DATASET}/eval/{EVALUATE['split']}/{c}/summary.json"
+        for c in EVALUATE["checkpoints"]
+        if _MADE[c]
+    ]
+    + [
+        f"results/{DATASET}/eval/{EVALUATE['split']}/predictions-{n}/report.json"
+        for n in EVALUATE["predictions"]
+    ]
+    if EVALUATE["enabled"]
+    else []
+)
+
+
+def checkpoint_model(wildcards):
+    """The weights an evaluated checkpoint's name stands for."""
+    return {
+        "base": f"models/{MODEL_NAME}/hf",
+        "warm_start": f"results/{wildcards.dataset}/warm_start/{MODEL_NAME}/hf",
+        "grpo": f"results/{wildcards.dataset}/grpo/{TRAIN['run']}/final",
+        "sft": f"results/{wildcards.dataset}/sft/train/{config['sft']['train']['run']}/final",
+    }[wildcards.checkpoint]
+
+
+def outside_predictions(wildcards):
+    return EVALUATE["predictions"][wildcards.name]
+
+
+def eval_recipe_params():
+    """The training settings an evaluation's attempts use: sampling, token limits, the tampering price."""
+    train = result_params("train")
+    keep = ("sampling", "max_response_tokens", "max_context_tokens", "reward", "proxy")
+    return {k: train[k] for k in keep if k in train}
+
+
 # ----- SWE-smith (rules/smith.smk)
 SMITH = config["smith"]
 SMITH_PROFILES = profile_entries(SMITH["repos"]) if SMITH_ON else {}

@@ -376,6 +376,7 @@ class _Rollout:
             integrity_violations=[v.to_dict() for v in violations],
             agent={**agent, "tool_calls": len(calls)},
             **({} if self.cfg.evaluate else {"patch_text": patch_text, "turns": turns}),
+            **({"patch_text": patch_text} if self.cfg.evaluate and self.cfg.keep_patch else {}),
         )
 
     def _before_agent(self) -> None:

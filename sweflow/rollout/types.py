@@ -55,6 +55,9 @@ class RolloutConfig:
     # False: collect only (expert trajectories): no evaluation here, the patch text and the proxy's recorded
     # turns are kept in the result, and the patch is graded later in a fresh sandbox by a separate step.
     evaluate: bool = True
+    # True: the patch text is kept in the result of an evaluated sample too (a checkpoint's evaluation
+    # writes it to SWE-bench's predictions file)
+    keep_patch: bool = False
 
     @classmethod
     def from_spec(

@@ -1,0 +1,184 @@
+"""Evaluate stage: a checkpoint's resolve rate on a held-out split (`evaluate_checkpoint_step`), and a
+predictions file made elsewhere graded on the same tasks (`grade_predictions_step`), both in SWE-bench's
+formats (predictions.jsonl, the harness's run report.json).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import DatasetError
+from ..evaluation import harness_formats as hf
+from ..evaluation.checkpoint import SeededEngine, attempt_record, run_attempts
+from ..evaluation.metrics import summarize
+from ..grading.evidence import write_evidence
+from ..rulekit import from_snakemake
+from ..sandbox.registry import provider_from_config
+from ..sandbox.settings import SandboxSettings
+from ..util import atomic_write, atomic_write_json
+
+log = logging.getLogger("sweflow.evaluate")
+
+__all__ = ["evaluate_checkpoint_step", "from_snakemake", "grade_predictions_step"]
+
+
+def _rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    rows = [json.loads(x) for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
+    if not rows:
+        raise DatasetError("no valid task to evaluate on", file=str(path),
+                           hint="every task of the split failed validation; see its validation-summary.json")  # fmt: skip
+    return rows
+
+
+def _jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
+    atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+
+def evaluate_checkpoint_step(
+    model_dir: str | os.PathLike,
+    tasks: str | os.PathLike,
+    outputs: Mapping[str, str],
+    *,
+    checkpoint: str,
+    evaluate: Mapping[str, Any],
+    train: Mapping[str, Any],
+    sandbox: Mapping[str, Any],
+    provider: str,
+) -> dict[str, Any]:
+    """The agent `evaluate.attempts` times at each valid task of the split, on the local engine serving
+    `model_dir`, through the training's proxy and sandboxes, each patch graded fresh (the same rules and
+    decoy runs as training). `outputs`: summary, attempts, predictions, report, evidence."""
+    from transformers import AutoTokenizer
+
+    from ..proxy.engines import TransformersEngine
+    from ..train.proxy_settings import ProxySettings
+    from ..train.recipe import Recipe
+    from ..train.resume import weights_sha256
+    from ..train.rollouts import PolicyRollouts
+
+    started = time.monotonic()
+    rows = _rows(tasks)
+    k, seed = int(evaluate["attempts"]), int(evaluate["seed"])
+    recipe = Recipe.from_config(train)
+    proxy, settings = ProxySettings.from_config(train), SandboxSettings.from_config(sandbox)
+    prov = provider_from_config(provider, settings)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    engine = SeededEngine(TransformersEngine(str(model_dir)), seed)
+    log.info("evaluating %s on %d task(s), %d attempt(s) each (seed %d)", checkpoint, len(rows), k, seed)
+    rollouts = PolicyRollouts(
+        engine, tokenizer, prov,
+        max_new_tokens=recipe.max_response_tokens, max_context_tokens=recipe.max_context_tokens,
+        temperature=recipe.temperature, top_p=recipe.top_p, top_k=recipe.top_k,
+        host=proxy.host, port=0, public_url=proxy.public_url,
+        max_concurrency=int(evaluate["parallel"]), turn_timeout=recipe.turn_timeout,
+        session_prefix=f"eval.{checkpoint}.", eval_network=settings.network,
+        tampered_reward=recipe.tampered_reward,
+        token_build_mode=proxy.build_mode, token_build_model=proxy.build_model,
+    )  # fmt: skip
+    rollouts.config.keep_patch = True
+    with rollouts:
+        results = run_attempts(rollouts, rows, k, prefix=f"eval.{checkpoint}.")
+    attempts = [attempt_record(r) for r in results]
+    graded = [a for a in attempts if a["status"] == "completed"]
+    figures = summarize(graded, k, seed=seed)
+    # SWE-bench's files: one prediction per task, its first attempt the infrastructure did not lose
+    preds, outcomes = [], {}
+    for row in rows:
+        iid = row["metadata"]["instance_id"]
+        mine = [r for r in results if r.instance_id == iid]
+        first = next((r for r in mine if not r.aborted), mine[0] if mine else None)
+        if first is None:
+            continue
+        preds.append(hf.prediction(iid, checkpoint, first.patch_text))
+        outcomes[iid] = hf.outcome(first.patch_text, {"resolved": first.resolved, "infra": first.aborted})
+    report = hf.run_report([r["metadata"]["instance_id"] for r in rows], preds, outcomes)
+    _jsonl(outputs["attempts"], attempts)
+    _jsonl(outputs["predictions"], preds)
+    atomic_write_json(outputs["report"], report)
+    write_evidence(outputs["evidence"], [
+        {"instance_id": r.instance_id, "attempt": r.group_index, "status": r.status, "resolved": r.resolved,
+         "failure_reason": r.failure_reason, "evaluation": r.evaluation, "log": r.evaluation_log}
+        for r in results
+    ])  # fmt: skip
+    summary = {
+        "checkpoint": checkpoint,
+        "weights_sha256": weights_sha256(model_dir),
+        "tasks_file": str(tasks),
+        "engine": "local",
+        "seed": seed,
+        "sampling": {
+            "temperature": recipe.temperature,
+            "top_p": recipe.top_p,
+            "top_k": recipe.top_k,
+            "max_response_tokens": recipe.max_response_tokens,
+        },  # fmt: skip
+        "lost_attempts": sum(a["status"] != "completed" for a in attempts),
+        **figures,
+        "harness_report": {
+            k_: report[k_]
+            for k_ in (
+                "resolved_instances",
+                "unresolved_instances",
+                "empty_patch_instances",
+                "error_instances",
+            )
+        },  # fmt: skip
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    atomic_write_json(outputs["summary"], summary)
+    lo, hi = figures["pass@1_interval"]
+    log.info("%s: pass@1 %.3f [%.3f, %.3f], pass@%d %.3f over %d task(s), %d attempt(s) graded", checkpoint,
+             figures["pass@1"], lo, hi, k, figures[f"pass@{k}"], figures["tasks"], len(graded))  # fmt: skip
+    return summary
+
+
+def grade_predictions_step(
+    predictions: str | os.PathLike,
+    tasks: str | os.PathLike,
+    outputs: Mapping[str, str],
+    *,
+    sandbox: Mapping[str, Any],
+    provider: str,
+) -> dict[str, Any]:
+    """Every prediction of a file made elsewhere (another agent's, a leaderboard submission's) graded on the
+    split's valid tasks in a fresh sandbox, as an agent's patch is (integrity rules, canaries, decoy runs).
+    `outputs`: report (the harness's run report), graded (one line per prediction), evidence."""
+    from ..rollout.evaluator import FreshEvaluator
+
+    rows = {r["metadata"]["instance_id"]: r for r in _rows(tasks)}
+    preds = hf.read_predictions(predictions)
+    settings = SandboxSettings.from_config(sandbox)
+    prov = provider_from_config(provider, settings, purpose="eval")
+    evaluator = FreshEvaluator(network=settings.network)
+    graded, evidence, outcomes = [], [], {}
+    for p in preds:
+        iid, patch = p[hf.INSTANCE_ID], p[hf.PATCH]
+        row = rows.get(iid)
+        rec: dict[str, Any] = {"instance_id": iid, "model_name_or_path": p[hf.MODEL]}
+        if row is None:
+            rec.update(outcome="not_a_task", failure_reason=None)
+            log.warning("prediction for %s: not a valid task of %s (left out of the report)", iid, tasks)
+        elif not patch:
+            outcomes[iid] = rec["outcome"] = hf.EMPTY
+            rec["failure_reason"] = "empty_patch"
+        else:
+            meta = dict(row["metadata"])
+            ev = evaluator.evaluate_patch(prov, str(meta.get("sandbox_image") or ""), meta, patch)
+            outcomes[iid] = rec["outcome"] = hf.outcome(patch, {"resolved": ev.resolved, "infra": ev.infra})
+            rec["failure_reason"] = ev.failure_reason
+            evidence.append({"instance_id": iid, "failure_reason": ev.failure_reason, "statuses": ev.statuses,
+                             "log": ev.log})  # fmt: skip
+        graded.append(rec)
+    report = hf.run_report(list(rows), [p for p in preds if p[hf.INSTANCE_ID] in rows], outcomes)
+    _jsonl(outputs["graded"], graded)
+    atomic_write_json(outputs["report"], report)
+    write_evidence(outputs["evidence"], evidence)
+    log.info("graded %d prediction(s) of %s: %d resolved of %d tasks", len(preds), predictions,
+             report["resolved_instances"], report["total_instances"])  # fmt: skip
+    return report
