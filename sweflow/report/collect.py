@@ -39,6 +39,8 @@ PATTERNS = {
     "sft_train": ["results/{ds}/sft/train/*/summary.json"],
     "sft_evaluations": ["results/{ds}/sft/evaluations/*/*.jsonl"],
     "smith": ["results/smith/*/summary.json"],
+    "evaluation": ["results/{ds}/eval/*/*/summary.json"],
+    "outside_predictions": ["results/{ds}/eval/*/predictions-*/report.json"],
 }
 
 
@@ -252,6 +254,43 @@ def sft_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, Any]:
     }
 
 
+CHECKPOINT_ORDER = ("base", "warm_start", "grpo", "sft")
+
+
+def evaluation_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, Any]:
+    """Per held-out split: each checkpoint's figures (in training order) and the per-task outcome grid
+    (resolved attempts of attempts, from attempts.jsonl); graded outside predictions files."""
+    splits: dict[str, dict[str, Any]] = {}
+    for p in paths.get("evaluation", []):
+        path = root / p
+        split, name = path.parent.parent.name, path.parent.name
+        s = _json(path)
+        grid: dict[str, list[int]] = {}
+        for a in _jsonl(path.parent / "attempts.jsonl") if (path.parent / "attempts.jsonl").exists() else []:
+            if a.get("status") == "completed":
+                cell = grid.setdefault(a["instance_id"], [0, 0])
+                cell[0] += bool(a.get("resolved"))
+                cell[1] += 1
+        splits.setdefault(split, {"checkpoints": {}, "outside": {}})["checkpoints"][name] = {
+            "figures": {k: s.get(k) for k in ("pass@1", "pass@1_interval", "k", f"pass@{s.get('k')}", "tasks",
+                                               "attempts", "lost_attempts", "turns_mean", "tokens_mean", "seed")},
+            "failure_reasons": s.get("failure_reasons") or {},
+            "grid": grid,
+        }  # fmt: skip
+    for p in paths.get("outside_predictions", []):
+        path = root / p
+        r = _json(path)
+        split = path.parent.parent.name
+        splits.setdefault(split, {"checkpoints": {}, "outside": {}})["outside"][path.parent.name[12:]] = {
+            k: r.get(k) for k in ("total_instances", "resolved_instances", "unresolved_instances",
+                                  "empty_patch_instances", "error_instances")
+        }  # fmt: skip
+    for v in splits.values():
+        order = {c: i for i, c in enumerate(CHECKPOINT_ORDER)}
+        v["checkpoints"] = dict(sorted(v["checkpoints"].items(), key=lambda kv: order.get(kv[0], 99)))
+    return {"splits": splits}
+
+
 def provenance_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, Any]:
     from .. import __version__
     from ..provenance import load_record, record_path
@@ -301,5 +340,6 @@ SECTION_READERS = (
     ("training", training_section),
     ("smith", smith_section),
     ("sft", sft_section),
+    ("evaluation", evaluation_section),
     ("provenance", provenance_section),
 )

@@ -228,6 +228,36 @@ def sft_html(s: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def evaluation_html(e: Mapping[str, Any]) -> str:
+    out = []
+    for split, v in sorted(e["splits"].items()):
+        cps = v["checkpoints"]
+        if cps:
+            pts = {n: (c["figures"]["pass@1"] or 0.0, *(c["figures"]["pass@1_interval"] or [0.0, 0.0]))
+                   for n, c in cps.items()}  # fmt: skip
+            out.append(f"<h3>Held-out split {esc(split)}</h3>")
+            out.append(plot_row(figure(plots.intervals(pts, title=f"pass@1 by checkpoint ({split})", ylabel="pass@1"),
+                                       "resolve rate (mean over attempts) with its 95% interval over tasks")))  # fmt: skip
+            rows = []
+            for n, c in cps.items():
+                f = c["figures"]
+                k = f.get("k")
+                lo, hi = f.get("pass@1_interval") or (None, None)
+                rows.append([n, f.get("pass@1"), f"[{fmt(lo)}, {fmt(hi)}]", f"pass@{k} {fmt(f.get(f'pass@{k}'))}",
+                             f.get("tasks"), f.get("attempts"), f.get("lost_attempts"), f.get("turns_mean"),
+                             f.get("tokens_mean"), "; ".join(f"{r} {n_}" for r, n_ in c["failure_reasons"].items())])  # fmt: skip
+            out.append(table(["checkpoint", "pass@1", "95% interval", "pass@k", "tasks", "attempts", "lost",
+                              "turns", "tokens", "failure reasons"], rows))  # fmt: skip
+            tasks = sorted({t for c in cps.values() for t in c["grid"]})
+            grid = [[t, *(("{}/{}".format(*c["grid"][t]) if t in c["grid"] else "-") for c in cps.values())]
+                    for t in tasks]  # fmt: skip
+            out.append(table(["task (resolved attempts)", *cps], grid))
+        if v["outside"]:
+            out.append(table(["predictions file", "tasks", "resolved", "unresolved", "empty", "error"],
+                             [[n, *r.values()] for n, r in sorted(v["outside"].items())]))  # fmt: skip
+    return "".join(out)
+
+
 def provenance_html(p: Mapping[str, Any]) -> str:
     ds = p["dataset"]
     rows = [["dataset", ds.get("repo_id")], ["revision", ds.get("revision")], ["commit sha", ds.get("sha")],
@@ -247,6 +277,7 @@ SECTIONS: list[tuple[str, str, Callable[[Mapping[str, Any]], str]]] = [
     ("training", "Rollouts and training", training_html),
     ("smith", "SWE-smith", smith_html),
     ("sft", "Supervised fine-tuning", sft_html),
+    ("evaluation", "Held-out evaluation", evaluation_html),
     ("provenance", "Provenance", provenance_html),
 ]
 

@@ -187,3 +187,26 @@ def stacked_steps(
     for i, step in enumerate(x):
         groups[str(step)] = {k: (v[i] or 0.0) for k, v in parts.items()}
     return bars(groups, title=title, ylabel="seconds", stacked=True)
+
+
+def intervals(
+    points: Mapping[str, tuple[float, float, float]], *, title: str, ylabel: str = ""
+) -> str | None:
+    """One point per category with its interval (value, low, high) as an error bar, zero values drawn too
+    (a checkpoint that resolves nothing is a figure, not a gap); y from 0 to at least 1."""
+    if not points:
+        return None
+    cats = list(points)
+    fig = _figure(height=2.6)
+    ax = fig.add_subplot()
+    vals = [points[c][0] for c in cats]
+    err = [[v - points[c][1] for v, c in zip(vals, cats, strict=True)],
+           [points[c][2] - v for v, c in zip(vals, cats, strict=True)]]  # fmt: skip
+    ax.errorbar(range(len(cats)), vals, yerr=err, fmt="o", ms=7, capsize=6, linewidth=2, color=PALETTE[0])
+    ax.plot(range(len(cats)), vals, color=PALETTE[0], linewidth=1, alpha=0.5)
+    ax.set_xticks(range(len(cats)), cats)
+    ax.set_xlim(-0.5, len(cats) - 0.5)
+    ax.set_ylim(-0.03, max(1.0, max(points[c][2] for c in cats)) + 0.03)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, loc="left")
+    return _svg(fig)

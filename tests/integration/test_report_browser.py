@@ -141,14 +141,15 @@ def test_report_renders_offline_with_every_plot(embedded_local_run, browser, tmp
     assert state["external"] == 0
 
     # every stage of the embedded default has its section, and each plot drew something visible
-    assert state["sections"] == ["data", "validation", "training", "smith", "sft", "provenance"]
+    assert state["sections"] == ["data", "validation", "training", "smith", "sft", "evaluation", "provenance"]
     captions = [p["caption"] for p in state["plots"]]
     for expected in ("rows per split: in the parquet, converted", "validation verdicts per split",
                      "reward mean and resolved share per step", "share of zero-variance groups per step",
                      "policy loss, grad norm, entropy, response length per step",
                      "KL loss per step", "PPO clip and TIS-clip fractions per step",
                      "step time: rollout / train / weight sync", "validation outcome per strategy",
-                     "F2P / P2P tests per synthesized task", "SFT training loss per step"):  # fmt: skip
+                     "F2P / P2P tests per synthesized task", "SFT training loss per step",
+                     "resolve rate (mean over attempts) with its 95% interval over tasks"):  # fmt: skip
         assert expected in captions, f"plot {expected!r} missing: {captions}"
     for p in state["plots"]:
         assert p["width"] > 200 and p["height"] > 100, p
