@@ -1,6 +1,6 @@
 """Resolve-rate figures of one checkpoint's attempts: pass@1 with a bootstrap interval, unbiased pass@k.
 
-`summarize(attempts, k)` takes one record per attempt (`instance_id`, `resolved`, `failure_reason`, `turns`,
+`resolve_figures(attempts, k)` takes one record per attempt (`instance_id`, `resolved`, `failure_reason`, `turns`,
 `tokens`) and gives the figures the report and the model card show.
 """
 
@@ -37,7 +37,7 @@ def per_task(attempts: Iterable[Mapping[str, Any]]) -> dict[str, list[bool]]:
 def bootstrap_interval(
     values: Sequence[float],
     *,
-    seed: int = 0,
+    seed: int,
     resamples: int = BOOTSTRAP_RESAMPLES,
     confidence: float = CONFIDENCE,
 ) -> tuple[float, float]:
@@ -53,7 +53,7 @@ def bootstrap_interval(
     return (lo, hi)
 
 
-def summarize(attempts: Sequence[Mapping[str, Any]], k: int, *, seed: int = 0) -> dict[str, Any]:
+def resolve_figures(attempts: Sequence[Mapping[str, Any]], k: int, *, seed: int) -> dict[str, Any]:
     """pass@1 (each task's resolved share, averaged over tasks) with its bootstrap interval over tasks,
     pass@k (unbiased, averaged over tasks; k capped at each task's attempts), the ids resolved at least once,
     failure reasons by count, and turns and tokens per attempt."""

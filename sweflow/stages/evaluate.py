@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import DatasetError
 from ..evaluation import harness_formats as hf
 from ..evaluation.checkpoint import SeededEngine, attempt_record, run_attempts
-from ..evaluation.metrics import summarize
+from ..evaluation.metrics import resolve_figures
 from ..grading.evidence import write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
@@ -86,7 +86,7 @@ def evaluate_checkpoint_step(
         results = run_attempts(rollouts, rows, k, prefix=f"eval.{checkpoint}.")
     attempts = [attempt_record(r) for r in results]
     graded = [a for a in attempts if a["status"] == "completed"]
-    figures = summarize(graded, k, seed=seed)
+    figures = resolve_figures(graded, k, seed=seed)
     # SWE-bench's files: one prediction per task, its first attempt the infrastructure did not lose
     preds, outcomes = [], {}
     for row in rows:

@@ -13,7 +13,7 @@ import pytest
 
 from sweflow.errors import DatasetError
 from sweflow.evaluation import harness_formats as hf
-from sweflow.evaluation.metrics import bootstrap_interval, pass_at_k, summarize
+from sweflow.evaluation.metrics import bootstrap_interval, pass_at_k, resolve_figures
 
 
 @pytest.mark.parametrize(("n", "c"), [(n, c) for n in range(1, 7) for c in range(n + 1)])
@@ -33,21 +33,24 @@ def test_summary_pass_at_1_interval_reasons_and_cost():
         {"instance_id": "b", "attempt": 0, "resolved": False, "failure_reason": "runner_tampered", "turns": 6, "tokens": 300},
         {"instance_id": "b", "attempt": 1, "resolved": False, "failure_reason": "fail_to_pass_failure", "turns": 0, "tokens": 0},
     ]  # fmt: skip
-    s = summarize(attempts, 2)
+    s = resolve_figures(attempts, 2, seed=0)
     assert s["pass@1"] == 0.25 and s["pass@2"] == 0.5 and s["tasks"] == 2 and s["attempts"] == 4
     assert s["resolved_ids"] == ["a"]
     assert s["failure_reasons"] == {"fail_to_pass_failure": 2, "runner_tampered": 1}
     assert s["turns_mean"] == 3.0 and s["tokens_mean"] == 112.5
     lo, hi = s["pass@1_interval"]
     assert 0.0 <= lo <= s["pass@1"] <= hi <= 0.5
-    assert summarize(attempts, 2) == s  # seeded: the same attempts give the same interval
+    assert resolve_figures(attempts, 2, seed=0) == s  # seeded: the same attempts give the same interval
 
 
 def test_bootstrap_interval_narrows_with_more_tasks():
-    few = bootstrap_interval([1.0, 0.0] * 5)
-    many = bootstrap_interval([1.0, 0.0] * 200)
+    few = bootstrap_interval([1.0, 0.0] * 5, seed=0)
+    many = bootstrap_interval([1.0, 0.0] * 200, seed=0)
     assert few[0] < many[0] <= 0.5 <= many[1] < few[1]
-    assert bootstrap_interval([]) == (0.0, 0.0) and bootstrap_interval([1.0] * 3) == (1.0, 1.0)
+    assert bootstrap_interval([], seed=0) == (0.0, 0.0) and bootstrap_interval([1.0] * 3, seed=0) == (
+        1.0,
+        1.0,
+    )
 
 
 @pytest.mark.parametrize("shape", ["jsonl", "list", "object"])

@@ -116,7 +116,7 @@ def test_page_is_self_contained_stable_and_leaves_out_absent_sections(tree, tmp_
     write_report(paths, out2, root=tree)
     page = out1.read_text()
     assert out1.read_bytes() == out2.read_bytes()
-    assert seen == ["data", "validation", "training", "smith", "sft", "provenance"]
+    assert seen == ["data", "validation", "training", "smith", "sft", "evaluation", "provenance"]
     assert re.findall(r'<section id="(\w+)"', page) == ["data", "validation", "training", "provenance"]
     assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)
     plots = re.findall(r'<figure class="plot" data-plot="([^"]+)"><svg', page)
