@@ -18,6 +18,7 @@ include: "rules/e2e.smk"
 include: "rules/train.smk"
 include: "rules/sft.smk"
 include: "rules/evaluate.smk"
+include: "rules/publish.smk"
 
 
 # The pipeline's end products: `all` asks for them, and the report (written last) shows them.

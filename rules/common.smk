@@ -300,6 +300,16 @@ def outside_predictions(wildcards):
     return EVALUATE["predictions"][wildcards.name]
 
 
+def publish_recipe(wildcards):
+    """The result keys of the section that trained a published checkpoint."""
+    return result_params("sft.train" if wildcards.checkpoint == "sft" else "train")
+
+
+def evaluated(wildcards):
+    """The evaluation summaries of every checkpoint evaluated (the card's table)."""
+    return [t for t in EVAL_TARGETS if t.endswith("summary.json")]
+
+
 def eval_recipe_params():
     """The training settings an evaluation's attempts use: sampling, token limits, the tampering price."""
     train = result_params("train")

@@ -8,8 +8,10 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import hashlib
+import hmac
 import json
 import re
 import threading
@@ -48,6 +50,23 @@ def _not_found(exc: DatasetError, headers: dict[str, str] | None = None) -> _Rep
     )
 
 
+def _validate_card(content: str) -> None:
+    """Answer the Hub's README check: front matter (between --- lines) must parse as a YAML mapping."""
+    import yaml
+
+    m = re.match(r"^---\n(.*?)\n---\n", content, re.S)
+    errors = []
+    if m:
+        try:
+            meta = yaml.safe_load(m.group(1))
+        except yaml.YAMLError as exc:
+            errors.append({"message": f"invalid YAML: {exc}"})
+        else:
+            if meta is not None and not isinstance(meta, dict):
+                errors.append({"message": "the metadata is not a mapping"})
+    raise _Reply(400 if errors else 200, {"errors": errors, "warnings": []})
+
+
 def _split_repo(parts: list[str], keywords: tuple[str, ...]) -> tuple[str, str, list[str]]:
     """(repo_id, keyword, rest) from path segments like [owner, name, "resolve", rev, *file]."""
     for i in (2, 1):
@@ -76,6 +95,78 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._dispatch(head=False)
+
+    # Writes (`HfApi.create_repo`, `create_commit`/`upload_folder`: preupload, then an NDJSON commit with every
+    # file inline) only with the server's write token as the bearer token; a server started without one is
+    # read-only.
+    write_token: str | None = None
+
+    def do_POST(self) -> None:
+        url = urlsplit(self.path)
+        parts = [unquote(p) for p in url.path.split("/") if p]
+        # the body is read whatever the answer: left unread, it would be parsed as the connection's next request
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            token = self.write_token
+            given = self.headers.get("Authorization", "")
+            if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                raise _Reply(
+                    401 if not given else 403, {"error": "this endpoint takes writes with its token only"}
+                )
+            if parts == ["api", "repos", "create"]:
+                self._create_repo(json.loads(body or b"{}"))
+            if parts == ["api", "validate-yaml"]:  # a README's metadata: YAML front matter that is a mapping
+                _validate_card(str(json.loads(body or b"{}").get("content") or ""))
+            elif parts[:1] == ["api"] and len(parts) >= 4 and parts[1] in ("datasets", "models"):
+                repo_id, keyword, rest = _split_repo(parts[2:], ("preupload", "commit"))
+                if keyword == "preupload":
+                    files = json.loads(body or b"{}").get("files") or []
+                    raise _Reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                                                  "oid": None} for f in files]})  # fmt: skip
+                if keyword == "commit":
+                    self._commit(parts[1][:-1], repo_id, "/".join(rest) or "main", body)
+            raise _Reply(404, {"error": f"no such endpoint {url.path}"})
+        except _Reply as reply:
+            self._send_json(reply.status, reply.body, reply.headers, False)
+        except (RepoNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
+            reply = _not_found(exc)
+            self._send_json(reply.status, reply.body, reply.headers, False)
+
+    def _base(self) -> str:
+        return f"http://{self.headers.get('Host') or '127.0.0.1'}"
+
+    def _create_repo(self, req: dict[str, Any]) -> None:
+        repo_type = str(req.get("type") or "model")
+        repo_id = "/".join(x for x in (req.get("organization"), req.get("name")) if x)
+        if not repo_id:
+            raise _Reply(400, {"error": "no repo name"})
+        url = f"{self._base()}/{'datasets/' if repo_type == 'dataset' else ''}{repo_id}"
+        if self.store.exists(repo_id, repo_type):
+            raise _Reply(409, {"error": "You already created this repo", "url": url})
+        self.store.publish(repo_id, {}, "initial commit", repo_type=repo_type)
+        raise _Reply(200, {"url": url, "name": repo_id})
+
+    def _commit(self, repo_type: str, repo_id: str, branch: str, body: bytes) -> None:
+        if not self.store.exists(repo_id, repo_type):
+            raise _Reply(404, {"error": f"{repo_id} not found"}, {"X-Error-Code": "RepoNotFound"})
+        message, files, delete = "", {}, []
+        for line in body.splitlines():
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            value = item.get("value") or {}
+            if item.get("key") == "header":
+                message = str(value.get("summary") or "")
+            elif item.get("key") == "file" and value.get("encoding") == "base64":
+                files[value["path"]] = base64.b64decode(value["content"])
+            elif item.get("key") == "deletedFile":
+                delete.append(value["path"])
+            else:
+                raise _Reply(400, {"error": f"unsupported commit entry {item.get('key')!r}"})
+        sha = self.store.publish(repo_id, files, message, branch, delete=tuple(delete), repo_type=repo_type)
+        prefix = "datasets/" if repo_type == "dataset" else ""
+        raise _Reply(200, {"commitUrl": f"{self._base()}/{prefix}{repo_id}/commit/{sha}", "commitOid": sha,
+                           "pullRequestUrl": None})  # fmt: skip
 
     def _dispatch(self, head: bool) -> None:
         url = urlsplit(self.path)
@@ -264,7 +355,12 @@ def _cdn_host(host: str) -> str:
 
 @contextlib.contextmanager
 def serve(
-    store: HubStore | str | Path, host: str = "127.0.0.1", port: int = 0, *, lfs_redirect: bool = False
+    store: HubStore | str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    lfs_redirect: bool = False,
+    write_token: str | None = None,
 ) -> Iterator[str]:
     """Serve `store` over HTTP in a background thread; yield the endpoint URL (http://host:port).
 
@@ -272,7 +368,8 @@ def serve(
     with X-Linked-Etag / X-Linked-Size. That listener has another host name (127.0.0.1 -> 127.0.0.2, another
     loopback address), as a CDN has: huggingface_hub >= 1.x follows a redirect to the same host name (any port)
     and then expects the Hub's headers on the blob reply, while it takes the metadata from the 302 itself when
-    the redirect leaves the Hub's host.
+    the redirect leaves the Hub's host. `write_token`: the bearer token that may create repos and commit to
+    them (None: read-only).
     """
     store = store if isinstance(store, HubStore) else HubStore(store)
     with contextlib.ExitStack() as stack:
@@ -280,7 +377,8 @@ def serve(
         if lfs_redirect:
             blob_handler = type("HubBlobHandler", (_Handler,), {"store": store})
             blob_base = stack.enter_context(_run_server(blob_handler, _cdn_host(host), 0))
-        handler = type("HubHandler", (_Handler,), {"store": store, "blob_base": blob_base})
+        handler = type("HubHandler", (_Handler,), {"store": store, "blob_base": blob_base,
+                                                   "write_token": write_token})  # fmt: skip
         yield stack.enter_context(_run_server(handler, host, port))
 
 

@@ -46,11 +46,15 @@ log = logging.getLogger("sweflow.stages")
 
 @contextlib.contextmanager
 def hub_endpoint(
-    endpoint: str | None, *, store_root: str | os.PathLike = "resources/hub", models: Sequence[str] = ()
+    endpoint: str | None,
+    *,
+    store_root: str | os.PathLike = "resources/hub",
+    models: Sequence[str] = (),
+    write_token: str | None = None,
 ) -> Iterator[str | None]:
     """Yield the Hub endpoint URL to use. "local" starts the bundled endpoint over `store_root` (publishing the
-    embedded sample into it first, and each of `models` that is one of the bundled tiny models); a URL or
-    None is passed through."""
+    embedded sample into it first, and each of `models` that is one of the bundled tiny models; writes with
+    `write_token` only); a URL or None is passed through."""
     if endpoint != "local":
         yield endpoint
         return
@@ -60,7 +64,7 @@ def hub_endpoint(
     for repo_id in models:
         if repo_id in local_hub.TINY_MODEL_REPOS:
             local_hub.publish_tiny_model(store_root, repo_id=repo_id)
-    with local_hub.serve(local_hub.HubStore(store_root)) as url:
+    with local_hub.serve(local_hub.HubStore(store_root), write_token=write_token) as url:
         yield url
 
 
