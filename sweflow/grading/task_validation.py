@@ -77,6 +77,9 @@ def run_record(kind: str, index: int, res: EvalResult, infra_errors: list | None
         "marker": {k: marker[k] for k in _MARKER_KEYS if k in marker},
         "timings": dict(res.timings),
         "canaries": len(res.canaries),
+        # twins of FAIL_TO_PASS tests: without any, a forger that no-ops every new test lacking a near-copy
+        # is paid whatever the other canaries say (the row is only guarded against cruder forgers)
+        "f2p_twins": sum(c.get("of") == "f2p" and c.get("expect") == "fail" for c in res.canaries),
         "canary_family": res.canary_family,
         "output_tail": res.output_tail[-1500:] if not res.resolved and res.output_tail else "",
     }

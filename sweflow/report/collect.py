@@ -145,6 +145,8 @@ def validation_section(paths: Mapping[str, list[str]], root: Path) -> dict[str, 
             # gold passed but no canary guarded its runs: out of training unless validation.allow_unguarded
             "unguarded": [[u["instance_id"], u.get("reason")] for u in rep.get("unguarded", [])],
             "unguarded_kept": bool(rep.get("unguarded_kept")),
+            # valid, but no FAIL_TO_PASS twin: a forger that no-ops only new tests without a near-copy is paid
+            "without_f2p_twins": list(rep.get("without_f2p_twins") or []),
         }
     return {"splits": splits}
 

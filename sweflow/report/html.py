@@ -109,8 +109,10 @@ def validation_html(v: Mapping[str, Any]) -> str:
     if not splits:
         return ""
     verdicts = {s: dict(x["verdicts"]) for s, x in sorted(splits.items())}
-    out = [table(["split", "tasks", "valid", "unguarded (no canary)", "broken", "not validated (infrastructure)"],
-                 [[s, x["tasks"], x["valid"], len(x["unguarded"]), sum(x["broken_by_reason"].values()), x["errors"]]
+    out = [table(["split", "tasks", "valid", "valid without F2P twins", "unguarded (no canary)", "broken",
+                  "not validated (infrastructure)"],
+                 [[s, x["tasks"], x["valid"], len(x.get("without_f2p_twins") or []), len(x["unguarded"]),
+                   sum(x["broken_by_reason"].values()), x["errors"]]
                   for s, x in sorted(splits.items())])]  # fmt: skip
     by_repo: dict[str, dict[str, float]] = {}
     for x in splits.values():

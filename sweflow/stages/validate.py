@@ -223,7 +223,7 @@ def summarize(
         paths[rec["instance_id"]] = Path(path)
     rows = read_jsonl_rows(jsonl)
     verdicts: Counter[str] = Counter()
-    broken, errors, kept, unguarded = [], [], [], []
+    broken, errors, kept, unguarded, twinless = [], [], [], [], []
     for iid, line in rows:
         rec = by_id.get(iid)
         verdict = rec["verdict"] if rec else "error"
@@ -231,6 +231,9 @@ def summarize(
         verdicts[verdict] += 1
         if verdict == "valid":
             kept.append(line)
+            gold = [r for r in rec.get("runs") or [] if r.get("patch") == "gold"]
+            if gold and not any(r.get("f2p_twins") for r in gold):
+                twinless.append(iid)
         elif verdict == UNGUARDED:
             unguarded.append({"instance_id": iid, "verdict": verdict, "reason": reason})
             if allow_unguarded:
@@ -247,6 +250,10 @@ def summarize(
         "verdicts": {v: verdicts.get(v, 0) for v in VERDICTS},
         "unguarded": unguarded,
         "unguarded_kept": bool(allow_unguarded),
+        # valid tasks whose FAIL_TO_PASS tests got no twin (parametrized, no literal expectation): guarded
+        # against forged reports and blanket no-ops, not against a forger that no-ops only the new tests
+        # lacking a near-copy (docs/trust.md)
+        "without_f2p_twins": twinless,
         "broken": broken,
         "errors": errors,
     }

@@ -181,11 +181,11 @@ def test_summary_keeps_valid_lines_and_reports_every_broken_task(tmp_path, split
     ids = [r["instance_id"] for r in rows]
     verdicts = ["valid", "gold_fails", "valid", "flaky", "empty_passes"]  # the 6th has no result
     results = []
-    for iid, v in zip(ids, verdicts, strict=False):
+    for n, (iid, v) in enumerate(zip(ids, verdicts, strict=False)):
         p = tmp_path / f"{iid}.json"
-        p.write_text(
-            json.dumps({"instance_id": iid, "verdict": v, "reason": None if v == "valid" else f"why-{v}"})
-        )
+        gold = [{"patch": "gold", "run": 0, "canaries": 5, "f2p_twins": 2 * (n == 0)}]
+        p.write_text(json.dumps({"instance_id": iid, "verdict": v, "reason": None if v == "valid" else f"why-{v}",
+                                 "runs": gold}))  # fmt: skip
         results.append(p)
     s = summarize(
         jsonl, results, tmp_path / "summary.json", tmp_path / "valid.jsonl", dataset="d", split="train"
@@ -196,6 +196,7 @@ def test_summary_keeps_valid_lines_and_reports_every_broken_task(tmp_path, split
     assert s["verdicts"] == {"valid": 2, "gold_fails": 1, "empty_passes": 1, "flaky": 1, "unguarded": 0,
                              "error": 1}  # fmt: skip
     assert s["unguarded"] == [] and s["unguarded_kept"] is False
+    assert s["without_f2p_twins"] == [ids[2]]  # valid, but its gold runs carried no FAIL_TO_PASS twin
     assert s["broken"] == [
         {"instance_id": ids[1], "verdict": "gold_fails", "reason": "why-gold_fails"},
         {"instance_id": ids[3], "verdict": "flaky", "reason": "why-flaky"},
