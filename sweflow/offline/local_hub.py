@@ -106,31 +106,38 @@ class _Handler(BaseHTTPRequestHandler):
         parts = [unquote(p) for p in url.path.split("/") if p]
         # the body is read whatever the answer: left unread, it would be parsed as the connection's next request
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answered(lambda: self._post(url, parts, body), head=False)
+
+    def _post(self, url: Any, parts: list[str], body: bytes) -> None:
+        token = self.write_token
+        given = self.headers.get("Authorization", "")
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise _Reply(
+                401 if not given else 403, {"error": "this endpoint takes writes with its token only"}
+            )
+        if parts == ["api", "repos", "create"]:
+            self._create_repo(json.loads(body or b"{}"))
+        if parts == ["api", "validate-yaml"]:  # a README's metadata: YAML front matter that is a mapping
+            _validate_card(str(json.loads(body or b"{}").get("content") or ""))
+        elif parts[:1] == ["api"] and len(parts) >= 4 and parts[1] in ("datasets", "models"):
+            repo_id, keyword, rest = _split_repo(parts[2:], ("preupload", "commit"))
+            if keyword == "preupload":
+                files = json.loads(body or b"{}").get("files") or []
+                raise _Reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
+                                              "oid": None} for f in files]})  # fmt: skip
+            if keyword == "commit":
+                self._commit(parts[1][:-1], repo_id, "/".join(rest) or "main", body)
+        raise _Reply(404, {"error": f"no such endpoint {url.path}"})
+
+    def _answered(self, route: Any, head: bool) -> None:
+        """Run `route`: the _Reply it raises, or a store's not-found error, is the JSON answer."""
         try:
-            token = self.write_token
-            given = self.headers.get("Authorization", "")
-            if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                raise _Reply(
-                    401 if not given else 403, {"error": "this endpoint takes writes with its token only"}
-                )
-            if parts == ["api", "repos", "create"]:
-                self._create_repo(json.loads(body or b"{}"))
-            if parts == ["api", "validate-yaml"]:  # a README's metadata: YAML front matter that is a mapping
-                _validate_card(str(json.loads(body or b"{}").get("content") or ""))
-            elif parts[:1] == ["api"] and len(parts) >= 4 and parts[1] in ("datasets", "models"):
-                repo_id, keyword, rest = _split_repo(parts[2:], ("preupload", "commit"))
-                if keyword == "preupload":
-                    files = json.loads(body or b"{}").get("files") or []
-                    raise _Reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                                                  "oid": None} for f in files]})  # fmt: skip
-                if keyword == "commit":
-                    self._commit(parts[1][:-1], repo_id, "/".join(rest) or "main", body)
-            raise _Reply(404, {"error": f"no such endpoint {url.path}"})
+            route()
         except _Reply as reply:
-            self._send_json(reply.status, reply.body, reply.headers, False)
+            self._send_json(reply.status, reply.body, reply.headers, head)
         except (RepoNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
             reply = _not_found(exc)
-            self._send_json(reply.status, reply.body, reply.headers, False)
+            self._send_json(reply.status, reply.body, reply.headers, head)
 
     def _base(self) -> str:
         return f"http://{self.headers.get('Host') or '127.0.0.1'}"
@@ -172,22 +179,19 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.split("/") if p]
         query = parse_qs(url.query)
-        try:
-            if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] in ("datasets", "models"):
-                self._api(parts[1][:-1], parts[2:], query, head)
-            elif len(parts) == 2 and parts[0] == "blobs":
-                self._send_blob(parts[1], {}, head)
-            elif parts[:1] == ["datasets"]:
-                self._resolve("dataset", parts[1:], head)
-            elif "resolve" in parts[1:3]:
-                self._resolve("model", parts, head)
-            else:
-                raise _Reply(404, {"error": f"no such endpoint {url.path}"})
-        except _Reply as reply:
-            self._send_json(reply.status, reply.body, reply.headers, head)
-        except (RepoNotFoundError, RevisionNotFoundError, EntryNotFoundError) as exc:
-            reply = _not_found(exc)
-            self._send_json(reply.status, reply.body, reply.headers, head)
+        self._answered(lambda: self._get(url, parts, query, head), head)
+
+    def _get(self, url: Any, parts: list[str], query: dict[str, list[str]], head: bool) -> None:
+        if parts[:1] == ["api"] and len(parts) >= 3 and parts[1] in ("datasets", "models"):
+            self._api(parts[1][:-1], parts[2:], query, head)
+        elif len(parts) == 2 and parts[0] == "blobs":
+            self._send_blob(parts[1], {}, head)
+        elif parts[:1] == ["datasets"]:
+            self._resolve("dataset", parts[1:], head)
+        elif "resolve" in parts[1:3]:
+            self._resolve("model", parts, head)
+        else:
+            raise _Reply(404, {"error": f"no such endpoint {url.path}"})
 
     def _send_json(self, status: int, body: Any, headers: dict[str, str], head: bool) -> None:
         data = json.dumps(body, sort_keys=True).encode()
