@@ -128,12 +128,14 @@ def test_no_operational_key_and_no_key_order_reruns_anything(embedded_local_run,
 # their bytes: test_one_changed_row_reruns_only_its_tasks_work)
 DOWNSTREAM_OF_VALIDATION = {"valid_rows": 1, "collect_trajectories": 1, "e2e_check": 1, "evaluate_predictions": 1,
                             "warm_start": 1, "train_grpo": 1, "traj_to_messages": 1, "train_sft": 1,
-                            "report": 1, "all": 1}  # fmt: skip
+                            "evaluate_checkpoint": 3, "report": 1, "all": 1}  # fmt: skip
 SFT_JOBS = ("collect_trajectories", "evaluate_predictions", "traj_to_messages", "train_sft")
 VERDICT_ONLY = {k: v for k, v in DOWNSTREAM_OF_VALIDATION.items() if k not in SFT_JOBS}
 DOWNSTREAM_OF_CONVERT = {"validation_tasks": 3, "validation_summary": 3, **DOWNSTREAM_OF_VALIDATION}
 RESULT_KEYS = {
-    "train.optim.lr": (2e-4, {"train_grpo": 1, "report": 1, "all": 1}),
+    # a new GRPO checkpoint: only its own evaluation runs again (base and warm_start keep theirs)
+    "train.optim.lr": (2e-4, {"train_grpo": 1, "evaluate_checkpoint": 1, "report": 1, "all": 1}),
+    "evaluate.attempts": (3, {"evaluate_checkpoint": 3, "report": 1, "all": 1}),
     "sft.train.lr": (1e-4, {"train_sft": 1, "report": 1, "all": 1}),
     # a verdict-only change: Snakemake resolves the train split's valid_rows checkpoint from its present output
     # before it learns that the summary reruns, so the dry run shows no SFT job (issue 45 note: the SFT shards
