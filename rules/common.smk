@@ -397,9 +397,13 @@ def sft_files(pattern):
 
 
 def _valid_rows_of(dataset, split):
-    """(row folder, valid ids in file order) of a split once the valid_rows checkpoint has run."""
+    """(row folder, valid ids in file order) of a split once the valid_rows checkpoint has run. The
+    validation_tasks checkpoint is asked first: until it is done Snakemake cannot know that the summary
+    reruns, and would take valid_rows' present output (a verdict change reaching its readers one run late).
+    """
     from sweflow.stages.common import listed_ids
 
+    checkpoints.validation_tasks.get(dataset=dataset, split=split)
     out = checkpoints.valid_rows.get(dataset=dataset, split=split).output
     return out.rows, listed_ids(out.listing)
 

@@ -129,20 +129,17 @@ def test_no_operational_key_and_no_key_order_reruns_anything(embedded_local_run,
 DOWNSTREAM_OF_VALIDATION = {"valid_rows": 1, "collect_trajectories": 1, "e2e_check": 1, "evaluate_predictions": 1,
                             "warm_start": 1, "train_grpo": 1, "traj_to_messages": 1, "train_sft": 1,
                             "evaluate_checkpoint": 3, "report": 1, "all": 1}  # fmt: skip
-SFT_JOBS = ("collect_trajectories", "evaluate_predictions", "traj_to_messages", "train_sft")
-VERDICT_ONLY = {k: v for k, v in DOWNSTREAM_OF_VALIDATION.items() if k not in SFT_JOBS}
 DOWNSTREAM_OF_CONVERT = {"validation_tasks": 3, "validation_summary": 3, **DOWNSTREAM_OF_VALIDATION}
 RESULT_KEYS = {
     # a new GRPO checkpoint: only its own evaluation runs again (base and warm_start keep theirs)
     "train.optim.lr": (2e-4, {"train_grpo": 1, "evaluate_checkpoint": 1, "report": 1, "all": 1}),
     "evaluate.attempts": (3, {"evaluate_checkpoint": 3, "report": 1, "all": 1}),
     "sft.train.lr": (1e-4, {"train_sft": 1, "report": 1, "all": 1}),
-    # a verdict-only change: Snakemake resolves the train split's valid_rows checkpoint from its present output
-    # before it learns that the summary reruns, so the dry run shows no SFT job (issue 45 note: the SFT shards
-    # follow a changed verdict from the next invocation on)
-    "validation.repeats": (3, {"validate_task": 23, "validation_summary": 3, **VERDICT_ONLY}),
+    # a verdict-only change reaches everything downstream of validation in the same invocation: readers of
+    # valid_rows ask for validation_tasks first (rules/common.smk), so they are planned after the summary
+    "validation.repeats": (3, {"validate_task": 23, "validation_summary": 3, **DOWNSTREAM_OF_VALIDATION}),
     # which verdicts tasks.valid.jsonl keeps: the summaries only, no task is validated again
-    "validation.allow_unguarded": (True, {"validation_summary": 3, **VERDICT_ONLY}),
+    "validation.allow_unguarded": (True, {"validation_summary": 3, **DOWNSTREAM_OF_VALIDATION}),
     "agent.backend_options.max_turns": (81, {"convert": 3, **DOWNSTREAM_OF_CONVERT}),
     # operational for the sandboxes, but every training row carries it (config/keys.yaml `carried`)
     "sandbox.timeout_sec": (3601, {"convert": 3, **DOWNSTREAM_OF_CONVERT}),
