@@ -191,8 +191,9 @@ def original_names(log: str, canaries: Sequence[Canary]) -> str:
     for c in canaries:
         if c.expect != ORIGINAL:
             continue
-        if c.family == DJANGO:
+        if c.family == DJANGO:  # both of unittest's forms: "name (module.Class)", "name (module.Class.name)"
             log = log.replace(f"{c.name} ({c.module}.", f"{c.cloned_from} ({c.module}.")
+            log = log.replace(f"({c.module}.{c.cls}.{c.name})", f"({c.module}.{c.cls}.{c.cloned_from})")
         elif c.family == SYMPY:
             log = re.sub(rf"\b{re.escape(c.name)}\b", c.cloned_from, log)
         else:

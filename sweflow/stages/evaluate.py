@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import DatasetError
+from ..errors import ConfigError, DatasetError
 from ..evaluation import harness_formats as hf
 from ..evaluation.checkpoint import SeededEngine, attempt_record, run_attempts
 from ..evaluation.metrics import resolve_figures
@@ -57,7 +57,7 @@ def evaluate_checkpoint_step(
     from transformers import AutoTokenizer
 
     from ..proxy.engines import TransformersEngine
-    from ..train.proxy_settings import ProxySettings
+    from ..train.proxy_settings import CLOUD_PROVIDERS, ProxySettings, cloud_reach_problem
     from ..train.recipe import Recipe
     from ..train.resume import weights_sha256
     from ..train.rollouts import PolicyRollouts
@@ -67,6 +67,15 @@ def evaluate_checkpoint_step(
     k, seed = int(evaluate["attempts"]), int(evaluate["seed"])
     recipe = Recipe.from_config(train)
     proxy, settings = ProxySettings.from_config(train), SandboxSettings.from_config(sandbox)
+    # cloud sandboxes reach this job's own proxy at the declared port and URL (no Ray gateway runs here)
+    problem = cloud_reach_problem(provider, port=proxy.port, public_url=proxy.public_url, engine="trl",
+                                  where="train.proxy")  # fmt: skip
+    if problem is None and provider in CLOUD_PROVIDERS and recipe.engine == "verl":
+        problem = ("the evaluation's cloud sandboxes need its own proxy published at train.proxy.public_url; on "
+                   "verl that URL names the Ray head's gateway, which an evaluation job does not run",
+                   "train.proxy.public_url", "publish the evaluation node's train.proxy.port and set the URL for it")  # fmt: skip
+    if problem:
+        raise ConfigError(problem[0], field=problem[1], hint=problem[2])
     prov = provider_from_config(provider, settings)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     engine = SeededEngine(TransformersEngine(str(model_dir)), seed)
@@ -75,7 +84,7 @@ def evaluate_checkpoint_step(
         engine, tokenizer, prov,
         max_new_tokens=recipe.max_response_tokens, max_context_tokens=recipe.max_context_tokens,
         temperature=recipe.temperature, top_p=recipe.top_p, top_k=recipe.top_k,
-        host=proxy.host, port=0, public_url=proxy.public_url,
+        host=proxy.host, port=proxy.port if provider in CLOUD_PROVIDERS else 0, public_url=proxy.public_url,
         max_concurrency=int(evaluate["parallel"]), turn_timeout=recipe.turn_timeout,
         session_prefix=f"eval.{checkpoint}.", eval_network=settings.network,
         tampered_reward=recipe.tampered_reward,

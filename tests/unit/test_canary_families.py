@@ -392,3 +392,23 @@ def test_tests_with_fixtures_and_marks_carry_canaries_and_twins(tmp_path, seed, 
         assert {statuses[c.test_id] for c in own.values()} == {"FAILED"}
     else:  # the originals ran under drawn names and read back under their own ids
         assert {t: statuses[t] for t in FIXTURE_F2P} == dict.fromkeys(FIXTURE_F2P, "PASSED")
+
+
+def test_original_names_reads_each_family_back_under_the_tests_own_id():
+    """A FAIL_TO_PASS test run under a drawn name is read back under its own id, in every form each
+    family's parser keys it by, and nothing else in the log changes."""
+    py = canary.Canary("t/test_a.py", "test_drawn_x", canary.ORIGINAL, "", "test_real", "K", canary.PYTEST)
+    log = "PASSED t/test_a.py::K::test_drawn_x\nt/test_a.py::K::test_drawn_x PASSED\nPASSED t/test_b.py::K::test_drawn_x\n"
+    assert canary.original_names(log, [py]) == (
+        "PASSED t/test_a.py::K::test_real\nt/test_a.py::K::test_real PASSED\nPASSED t/test_b.py::K::test_drawn_x\n"
+    )
+    dj = canary.Canary(
+        "tests/m/tests.py", "test_drawn", canary.ORIGINAL, "", "test_real", "C", canary.DJANGO, "m.tests"
+    )
+    assert canary.original_names(
+        "test_drawn (m.tests.C) ... ok\ntest_drawn (m.tests.C.test_drawn) ... ok", [dj]
+    ) == ("test_real (m.tests.C) ... ok\ntest_real (m.tests.C.test_real) ... ok")
+    sy = canary.Canary("sympy/t.py", "test_drawn", canary.ORIGINAL, "", "test_real", "", canary.SYMPY)
+    assert canary.original_names("test_drawn ok\ntest_drawnish ok", [sy]) == "test_real ok\ntest_drawnish ok"
+    twin = canary.Canary("t/test_a.py", "test_twin", canary.MUST_FAIL, "", "test_real", "", canary.PYTEST)
+    assert canary.original_names("FAILED t/test_a.py::test_twin", [twin]) == "FAILED t/test_a.py::test_twin"

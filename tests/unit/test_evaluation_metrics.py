@@ -107,3 +107,28 @@ def test_the_run_report_is_the_harnesss_make_run_report(tmp_path, monkeypatch):
     assert ours["resolved_ids"] == ["r"] and ours["unresolved_ids"] == ["apply", "u"]
     assert ours["empty_patch_ids"] == ["empty", "none"] and ours["error_ids"] == ["err"]
     assert ours["incomplete_ids"] == ["missing"] and ours["submitted_instances"] == 7
+
+
+@pytest.mark.parametrize(("engine", "port", "url", "field"), [
+    ("trl", 8800, None, "train.proxy.public_url"),
+    ("trl", 0, "https://proxy.example.org", "train.proxy.port"),
+    ("verl", 8800, "https://gateway.example.org", "train.proxy.public_url"),
+])  # fmt: skip
+def test_an_evaluation_with_cloud_sandboxes_needs_its_own_published_proxy(tmp_path, engine, port, url, field):
+    """E2B sandboxes reach the evaluation's proxy over the internet: a port nobody published, no URL, or the
+    verl recipe's URL (the Ray gateway, which no evaluation job runs) stop it before any model loads."""
+    from sweflow.errors import ConfigError
+    from sweflow.schema import defaults
+    from sweflow.stages.evaluate import evaluate_checkpoint_step
+
+    tasks = tmp_path / "tasks.valid.jsonl"
+    tasks.write_text(json.dumps({"metadata": {"instance_id": "a"}}) + "\n")
+    train = {
+        **defaults("train"),
+        "engine": engine,
+        "proxy": {**defaults("train")["proxy"], "port": port, "public_url": url},
+    }
+    with pytest.raises(ConfigError) as e:
+        evaluate_checkpoint_step(tmp_path / "no-model", tasks, {}, checkpoint="base", evaluate=defaults("evaluate"),
+                                 train=train, sandbox={"provider": "e2b"}, provider="e2b")  # fmt: skip
+    assert e.value.field == field
