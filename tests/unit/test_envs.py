@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # the rules that build an eval script or run the harness's grader (convert writes the official eval script
 # and parser into every row; the rest evaluate patches)
 GRADING_RULES = {"convert", "validate_task", "e2e_check", "evaluate_predictions", "collect_trajectories",
-                 "repo_env", "validate_candidates", "train_grpo"}  # fmt: skip
+                 "repo_env", "validate_candidates", "train_grpo", "evaluate_checkpoint", "grade_predictions"}  # fmt: skip
 
 
 def rule_envs() -> dict[str, list[str]]:
