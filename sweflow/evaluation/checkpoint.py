@@ -2,33 +2,31 @@
 checkpoint, each patch graded in a fresh sandbox by the training's own rules (`run_attempts`).
 
 `attempt_record` is what an attempt leaves (no patch text in it: that goes to the predictions file);
-`SeededEngine` gives each model call a seed drawn from the evaluation's, so a run at concurrency 1 repeats.
+`SeededEngine` seeds each model call from the evaluation's seed, the session and the turn: a run repeats.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ..proxy.engines import turn_seed
 
 log = logging.getLogger("sweflow.evaluate")
 
 
 class SeededEngine:
-    """`engine` with the n-th call's sampling seed set to `seed` * 1,000,003 + n."""
+    """`engine` with every model call's sampling seed drawn from `seed`, the session and the turn
+    (`turn_seed`, as GRPO's rollouts): the same checkpoint and seed sample the same tokens in any order."""
 
     def __init__(self, engine: Any, seed: int) -> None:
         self.engine, self.seed = engine, int(seed)
-        self._n = 0
-        self._lock = threading.Lock()
 
     def generate(self, prompt_ids: list[int], sampling: Any) -> Any:
-        with self._lock:
-            n = self._n
-            self._n += 1
-        return self.engine.generate(prompt_ids, dataclasses.replace(sampling, seed=self.seed * 1_000_003 + n))
+        seed = turn_seed(self.seed, sampling.request_id, len(prompt_ids))
+        return self.engine.generate(prompt_ids, dataclasses.replace(sampling, seed=seed))
 
 
 def _tokens(result: Any) -> int:

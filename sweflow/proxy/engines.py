@@ -55,6 +55,18 @@ class GenerateResult:
             raise EngineError(f"engine returned {len(self.output_ids)} ids but {len(self.logprobs)} logprobs")
 
 
+def turn_seed(base: int, request_id: str | None, prompt_len: int) -> int | None:
+    """A sampling seed from the run's seed, the session (less the random tail the dispatcher adds to its
+    id) and the turn (the prompt's length): the same run samples the same tokens."""
+    import hashlib
+
+    if request_id is None:
+        return None
+    session = request_id.rsplit(":", 1)[0]
+    digest = hashlib.sha256(f"{base}|{session}|{prompt_len}".encode()).hexdigest()
+    return int(digest[:15], 16)
+
+
 class Engine(Protocol):
     """Anything that continues a prompt given as token ids. Must be safe to call from many threads."""
 

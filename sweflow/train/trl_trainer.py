@@ -18,7 +18,7 @@ from typing import Any
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from ..proxy.engines import TransformersEngine
+from ..proxy.engines import TransformersEngine, turn_seed
 from ..util import atomic_write
 from .algos import LossConfig, group_advantages, grpo_loss, whiten
 from .preempt import StopClock
@@ -26,18 +26,6 @@ from .recipe import Recipe
 from .rollouts import Completion, completion_of, sample_record, step_stats
 
 log = logging.getLogger("sweflow.train")
-
-
-def turn_seed(base: int, request_id: str | None, prompt_len: int) -> int | None:
-    """A sampling seed from the run's seed, the session (less the random tail the dispatcher adds to its
-    id) and the turn (the prompt's length): the same run samples the same tokens."""
-    import hashlib
-
-    if request_id is None:
-        return None
-    session = request_id.rsplit(":", 1)[0]
-    digest = hashlib.sha256(f"{base}|{session}|{prompt_len}".encode()).hexdigest()
-    return int(digest[:15], 16)
 
 
 class LivePolicyEngine(TransformersEngine):
