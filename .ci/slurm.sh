@@ -5,7 +5,7 @@
 # so the nodes declare 500 GB and the user profile's mem_mb values schedule unchanged.
 # usage: .ci/slurm.sh up|down ; env SLURM_NNODES (default 2), SLURM_BASE (default /tmp/slurmci/run)
 # Profiles that use it need `slurm-status-command: squeue` (the plugin's default, sacct, has no accounting
-# here and a run would hang, ignoring SIGTERM: wrap CI runs in `timeout -k`) and MinJobAge (300 here) >=
+# here and a run would hang, ignoring SIGTERM: wrap CI runs in `timeout -k`) and MinJobAge (1800 here) >=
 # 3 x slurm-init-seconds-before-status-checks (else the plugin silently goes back to sacct). Measured with
 # plugin 2.8: --slurm-no-account is a no-op (without slurm_account it submits without -A, which works);
 # status polls back off by 10 s per idle check (up to 180 s), so a finished job can take ~100 s to be
@@ -59,7 +59,7 @@ SelectTypeParameters=CR_Core
 GresTypes=gpu
 ReturnToService=2
 SlurmdParameters=config_overrides
-MinJobAge=300
+MinJobAge=1800
 KillWait=5
 InactiveLimit=0
 Waittime=0

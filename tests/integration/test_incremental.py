@@ -129,7 +129,9 @@ def test_no_operational_key_and_no_key_order_reruns_anything(embedded_local_run,
 DOWNSTREAM_OF_VALIDATION = {"valid_rows": 1, "collect_trajectories": 1, "e2e_check": 1, "evaluate_predictions": 1,
                             "warm_start": 1, "train_grpo": 1, "traj_to_messages": 1, "train_sft": 1,
                             "evaluate_checkpoint": 3, "report": 1, "all": 1}  # fmt: skip
-DOWNSTREAM_OF_CONVERT = {"validation_tasks": 3, "validation_summary": 3, **DOWNSTREAM_OF_VALIDATION}
+# (valid_rows is planned once the validation_tasks checkpoints it waits behind have run: not in a dry run)
+DOWNSTREAM_OF_CONVERT = {"validation_tasks": 3, "validation_summary": 3,
+                         **{k: v for k, v in DOWNSTREAM_OF_VALIDATION.items() if k != "valid_rows"}}  # fmt: skip
 RESULT_KEYS = {
     # a new GRPO checkpoint: only its own evaluation runs again (base and warm_start keep theirs)
     "train.optim.lr": (2e-4, {"train_grpo": 1, "evaluate_checkpoint": 1, "report": 1, "all": 1}),

@@ -264,7 +264,8 @@ def test_train_grpo_is_one_two_node_job_training_data_parallel(slurm_run, slurm_
     assert summary["groups_with_gradient"] >= 1
     warm = work / "results/sample/warm_start/sweflow--tiny-qwen3-swa/hf"
     assert summary["final_weights"] != {p.name: sha256_file(p) for p in warm.glob("*.safetensors")}
-    # the allocation Slurm gave the job (still known to slurmctld: MinJobAge 300 s)
+    # the allocation Slurm gave the job (still known to slurmctld: MinJobAge 1800 s in .ci/slurm.sh; the run
+    # goes on after training for the evaluations and the report)
     job = subprocess.run(["scontrol", "show", "job", "-o", rec["slurm"]["job_id"]], capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
     assert "NumNodes=2 " in job and "NumTasks=2 " in job and "OverSubscribe=NO" in job, job
