@@ -40,6 +40,13 @@ def _jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
     atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
+def _without_tail(evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    """The grade without its log tail (the whole log is beside it; the tail's cut falls differently with the
+    run's canary names, so it would make two runs' evidence differ)."""
+    marker = {k: v for k, v in (evaluation.get("marker") or {}).items() if k != "log_tail"}
+    return {**evaluation, **({"marker": marker} if evaluation.get("marker") is not None else {})}
+
+
 def evaluate_checkpoint_step(
     model_dir: str | os.PathLike,
     tasks: str | os.PathLike,
@@ -112,7 +119,7 @@ def evaluate_checkpoint_step(
     atomic_write_json(outputs["report"], report)
     write_evidence(outputs["evidence"], [
         {"instance_id": r.instance_id, "attempt": r.group_index, "status": r.status, "resolved": r.resolved,
-         "failure_reason": r.failure_reason, "evaluation": r.evaluation, "log": r.evaluation_log}
+         "failure_reason": r.failure_reason, "evaluation": _without_tail(r.evaluation), "log": r.evaluation_log}
         for r in results
     ])  # fmt: skip
     summary = {
