@@ -21,7 +21,8 @@ from ..grading.evidence import write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
 from ..sandbox.settings import SandboxSettings
-from ..util import atomic_write, atomic_write_json
+from ..smith.candidates import write_jsonl
+from ..util import atomic_write_json
 
 log = logging.getLogger("sweflow.evaluate")
 
@@ -34,10 +35,6 @@ def _rows(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise DatasetError("no valid task to evaluate on", file=str(path),
                            hint="every task of the split failed validation; see its validation-summary.json")  # fmt: skip
     return rows
-
-
-def _jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
-    atomic_write(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
 def _without_tail(evaluation: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,8 +111,8 @@ def evaluate_checkpoint_step(
         preds.append(hf.prediction(iid, checkpoint, first.patch_text))
         outcomes[iid] = hf.outcome(first.patch_text, {"resolved": first.resolved, "infra": first.aborted})
     report = hf.run_report([r["metadata"]["instance_id"] for r in rows], preds, outcomes)
-    _jsonl(outputs["attempts"], attempts)
-    _jsonl(outputs["predictions"], preds)
+    write_jsonl(outputs["attempts"], attempts)
+    write_jsonl(outputs["predictions"], preds)
     atomic_write_json(outputs["report"], report)
     write_evidence(outputs["evidence"], [
         {"instance_id": r.instance_id, "attempt": r.group_index, "status": r.status, "resolved": r.resolved,
@@ -192,7 +189,7 @@ def grade_predictions_step(
                              "log": ev.log})  # fmt: skip
         graded.append(rec)
     report = hf.run_report(list(rows), [p for p in preds if p[hf.INSTANCE_ID] in rows], outcomes)
-    _jsonl(outputs["graded"], graded)
+    write_jsonl(outputs["graded"], graded)
     atomic_write_json(outputs["report"], report)
     write_evidence(outputs["evidence"], evidence)
     log.info("graded %d prediction(s) of %s: %d resolved of %d tasks", len(preds), predictions,
