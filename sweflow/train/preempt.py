@@ -103,9 +103,12 @@ class StopClock:
         """A checkpoint save took `seconds`."""
         self.slowest_save_s = max(self.slowest_save_s, seconds)
 
-    def lead_s(self) -> float:
-        """How long before the limit to stop: the slowest step and save so far, with the margin."""
-        return MARGIN * (self.slowest_step_s + self.slowest_save_s) + SLACK_S
+    def lead_s(self, *, last: bool = False) -> float:
+        """How long before the limit to stop: the slowest step and save so far, with the margin; before the
+        run's `last` step, a second save's worth more for the finish (the final weights written and published),
+        which no later boundary can stop."""
+        saves = 2 if last else 1
+        return MARGIN * (self.slowest_step_s + saves * self.slowest_save_s) + SLACK_S
 
     def seconds_left(self) -> float | None:
         """Seconds before the job's time limit (asked of Slurm; the last answer when it does not reply)."""
@@ -115,17 +118,19 @@ class StopClock:
                 self._deadline = self._clock() + left
         return None if self._deadline is None else self._deadline - self._clock()
 
-    def boundary(self) -> str | None:
-        """Call at each step boundary: why to save and stop now (None: go on)."""
+    def boundary(self, *, last_next: bool = False) -> str | None:
+        """Call at each step boundary: why to save and stop now (None: go on). `last_next`: the next step is
+        the run's last."""
         now = self._clock()
         self.slowest_step_s = max(self.slowest_step_s, now - self._last_boundary)
         self._last_boundary = now
         if self.signalled is not None:
             return f"the job got {signal.Signals(self.signalled).name}"
         left = self.seconds_left()
-        if left is not None and left < self.lead_s():
-            return (f"{left:.0f} s left before Slurm's time limit, less than a step and a save "
-                    f"({self.lead_s():.0f} s)")  # fmt: skip
+        lead = self.lead_s(last=last_next)
+        if left is not None and left < lead:
+            what = "the last step and the finish" if last_next else "a step and a save"
+            return f"{left:.0f} s left before Slurm's time limit, less than {what} ({lead:.0f} s)"
         return None
 
 

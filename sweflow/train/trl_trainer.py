@@ -86,7 +86,9 @@ class StopAtBoundary(TrainerCallback):
         t = self.trainer
         if state.global_step % t.recipe.updates_per_step or state.global_step >= state.max_steps:
             return control
-        why = t.stop_clock.boundary()
+        why = t.stop_clock.boundary(
+            last_next=state.max_steps - state.global_step <= t.recipe.updates_per_step
+        )
         stop = why is not None
         if t.accelerator.num_processes > 1:
             flag = torch.tensor(float(stop), device=t.accelerator.device)

@@ -42,8 +42,8 @@ def _on_step_end(original: Any, clock_factory: Any) -> Any:
         saved = (getattr(self, "timing_raw", None) or {}).get("save_checkpoint")
         if saved:
             clock.saved(float(saved))
-        why = clock.boundary()
         step = int(self.global_steps)
+        why = clock.boundary(last_next=step + 1 >= int(self.total_training_steps))
         if why is None or step >= int(self.total_training_steps):
             return out
         if not _saves_this_step(self):

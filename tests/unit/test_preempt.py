@@ -61,6 +61,25 @@ def test_the_trainer_stops_when_the_next_step_and_its_save_would_pass_the_limit(
         stop.close()
 
 
+def test_before_the_last_step_the_finish_is_reserved_too():
+    """No boundary follows the last step: its final save and the publish must fit in what is left."""
+    clock, limit = FakeClock(), 100.0
+    stop = StopClock("42", time_left=lambda job: limit - clock.now, clock=clock)
+    try:
+        stop.start()
+        clock.now = 20.0  # a 20 s step
+        assert stop.boundary() is None
+        stop.saved(10.0)
+        clock.now = 40.0  # 60 s left: 1.25 x (20 + 10) + 5 = 42.5 fits, 1.25 x (20 + 2 x 10) + 5 = 55 fits
+        assert stop.boundary() is None and stop.boundary(last_next=True) is None
+        clock.now = 50.0  # 50 s left: a step and a save fit, not the last step and the finish
+        assert stop.boundary() is None
+        why = stop.boundary(last_next=True)
+        assert why and "less than the last step and the finish (55 s)" in why, why
+    finally:
+        stop.close()
+
+
 def test_without_an_answer_from_slurm_the_last_known_limit_holds():
     clock, answers = FakeClock(), [50.0]
     stop = StopClock("42", time_left=lambda job: answers.pop() if answers else None, clock=clock)
