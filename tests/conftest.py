@@ -35,6 +35,9 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+EMBEDDED_TIMEOUT_S = 2400
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     no_gpu = None
@@ -47,6 +50,10 @@ def pytest_collection_modifyitems(config, items):
             group = "slurm"
         elif names & EMBEDDED:
             item.add_marker(pytest.mark.slow)
+            # the first test to ask builds the whole embedded run in its setup, which pytest-timeout
+            # counts: ~7 min alone, past 15 min on CI's 2 cores beside two busy workers
+            if not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(EMBEDDED_TIMEOUT_S))
             group = "embedded"
         elif item.get_closest_marker("docker"):
             group = "docker"

@@ -67,7 +67,7 @@ def _build_embedded_run(work: Path) -> Path:
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(work),
            "--profile", str(ROOT / "profiles" / "local"), "--workflow-profile", "none",
            "--configfile", *EMBEDDED_CONFIGS]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, env=snakemake_env(work), timeout=1500)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=snakemake_env(work), timeout=2200)
     assert res.returncode == 0, f"snakemake failed:\n{res.stdout[-4000:]}\n{res.stderr[-6000:]}"
     return work
 
