@@ -17,6 +17,9 @@ from .evaluate import EvalResult, _bounded, evaluate_patch
 from .reasons import FRESH_EVAL_TIMEOUT, PATCH_DEFEATED_EVALUATION, RUNNER_TAMPERED, SANDBOX_LOST
 
 log = logging.getLogger("sweflow.grading.evaluate")  # one logger for the whole evaluation
+# decoy runs after a resolved agent patch with FAIL_TO_PASS twins (one pays a forger that forges with chance r
+# at most r(1-r) <= 1/4 and catches it as often; validation's own count is validation.decoys)
+AGENT_DECOYS = 1
 
 
 def evaluate_agent_patch(
@@ -29,7 +32,7 @@ def evaluate_agent_patch(
     backoff: float = 5.0,
     network: str | None = None,
     sleep: Any = time.sleep,
-    decoys: int = 1,
+    decoys: int = AGENT_DECOYS,
     **options: Any,
 ) -> EvalResult:
     """``evaluate_patch`` for an agent's (untrusted) patch: infrastructure failures are retried in new

@@ -19,7 +19,7 @@ from ..schema import default
 from .evaluate import EvalResult, evaluate_patch
 from .evidence import evidence_record
 from .patch import check_patch
-from .reasons import INFRA_REASONS
+from .reasons import INFRA_REASONS, RUNNER_TAMPERED
 
 log = logging.getLogger("sweflow.validation")
 
@@ -117,6 +117,20 @@ def decide(
     return "valid", None
 
 
+def _decoy_verdict(decoys: list[dict[str, Any]], verdict: str, reason: str | None) -> tuple[str, str | None]:
+    """The verdict after the decoy runs of a valid task's gold patch: a tampering verdict there makes the gold
+    fail; an infrastructure failure there is an error (never a verdict); else it stands."""
+    for r in decoys:
+        if r["failure_reason"] in INFRA_REASONS:
+            return "error", f"{r['failure_reason']} (decoy run {r['run']}): {r.get('error') or ''}".strip()
+        if r["failure_reason"] == RUNNER_TAMPERED:
+            return (
+                "gold_fails",
+                f"{RUNNER_TAMPERED} in decoy run {r['run']}: the gold patch no-ops a guessed test",
+            )
+    return verdict, reason
+
+
 def _reasons(runs: list[dict[str, Any]]) -> str:
     """Reason codes with counts, then the first failed run's detail (every failing test counted)."""
     failed = [r for r in runs if not r["resolved"]]
@@ -142,8 +156,14 @@ def validate_task(
     network: str | None = None,
     evidence: list[dict[str, Any]] | None = None,
     evaluate: Callable[..., EvalResult] = evaluate_patch,
+    decoys: int = default("validation.decoys"),
 ) -> dict[str, Any]:
     """Validate one task: gold and empty patch, ``repeats`` fresh evaluations each, ``parallel`` at once.
+
+    A task that would be valid and whose gold runs carried twins of FAIL_TO_PASS tests gets ``decoys``
+    decoy runs of the gold patch (as the rollouts' ``evaluate_agent_patch`` does; under ``decoy`` in the
+    record): a "gold" patch that guesses which test of a twin cluster is the original and no-ops it is
+    caught there (``gold_fails``, runner_tampered), as it is in a rollout.
 
     A run whose evaluation failed for infrastructure reasons is tried again, up to ``error_attempts``
     tries, waiting ``error_backoff`` * 2**k seconds before try k+2. ``network`` goes to every fresh
@@ -164,12 +184,11 @@ def validate_task(
 
     def one(job: tuple[str, int]) -> dict[str, Any]:
         kind, i = job
-        patch = gold_patch if kind == "gold" else ""
+        patch = "" if kind == "empty" else gold_patch
         failed: list[str] = []
+        kw = {**extra, "decoy": True} if kind == "decoy" else extra
         for attempt in range(1, max(1, error_attempts) + 1):
-            res = evaluate(
-                provider, template, dict(metadata), patch, sandbox_timeout=sandbox_timeout, **extra
-            )
+            res = evaluate(provider, template, dict(metadata), patch, sandbox_timeout=sandbox_timeout, **kw)
             found.setdefault(job, []).append(evidence_record(res, patch=kind, run=i, attempt=attempt))
             if res.failure_reason not in INFRA_REASONS:
                 break
@@ -191,6 +210,15 @@ def validate_task(
     gold = [r for r in runs if r["patch"] == "gold"]
     empty = [r for r in runs if r["patch"] == "empty"]
     verdict, reason = decide(gold, empty, pre_reason)
+    decoy_runs = []
+    if verdict == "valid" and any(r.get("f2p_twins") for r in gold):
+        decoy_jobs = [("decoy", i) for i in range(max(0, decoys))]
+        decoy_runs = [one(job) for job in decoy_jobs]
+        if evidence is not None:
+            for job in decoy_jobs:
+                evidence.extend(found.get(job, []))
+        verdict, reason = _decoy_verdict(decoy_runs, verdict, reason)
+        runs += decoy_runs
     eval_s = [r["timings"].get("eval_s", 0.0) for r in runs]
     total_s = [r["timings"].get("total_s", 0.0) for r in runs]
     return {
@@ -203,6 +231,7 @@ def validate_task(
         "gold_test_files": test_files,
         "gold": {"resolved": sum(r["resolved"] for r in gold), "runs": len(gold)},
         "empty": {"resolved": sum(r["resolved"] for r in empty), "runs": len(empty)},
+        "decoys": len(decoy_runs),
         "runs": runs,
         "timings": {
             "wall_s": round(time.monotonic() - t0, 3),

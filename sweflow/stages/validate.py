@@ -126,6 +126,7 @@ def validate_task_file(
     error_attempts: int = ERROR_ATTEMPTS,
     error_backoff: float = ERROR_BACKOFF_S,
     evaluate: Callable[..., EvalResult] = evaluate_patch,
+    decoys: int = default("validation.decoys"),
 ) -> dict[str, Any]:
     """Validate the task in ``task_file`` (written by write_task_inputs) and write its record atomically;
     ``evidence_out`` gets every evaluation's log and status map (``write_evidence``). ``network`` is
@@ -145,6 +146,7 @@ def validate_task_file(
         network=eval_network(network, str(meta.get("repo") or "")),
         evidence=evidence,
         evaluate=evaluate,
+        decoys=decoys,
     )
     if evidence_out is not None:
         write_evidence(evidence_out, evidence)
@@ -186,6 +188,7 @@ def validate_task_step(
         network=settings.network,
         error_attempts=validation.get("error_attempts", ERROR_ATTEMPTS),
         error_backoff=validation.get("error_backoff_sec", ERROR_BACKOFF_S),
+        decoys=validation.get("decoys", default("validation.decoys")),
     )
 
 

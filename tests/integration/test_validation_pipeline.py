@@ -101,7 +101,10 @@ def test_validation_rules_on_two_tasks(tmp_path):
         assert (summary["tasks"], summary["valid"], summary["broken"], summary["errors"]) == (2, 2, [], [])
         for iid in ids:
             rec = json.loads((res / "validation" / f"{iid}.json").read_text())
-            assert rec["verdict"] == "valid" and rec["provider"] == "docker" and len(rec["runs"]) == 4
+            assert rec["verdict"] == "valid" and rec["provider"] == "docker"
+            # gold and empty twice each, then one decoy run of the gold patch where it carried F2P twins
+            twins = any(r["f2p_twins"] for r in rec["runs"] if r["patch"] == "gold")
+            assert rec["decoys"] == int(twins) and len(rec["runs"]) == 4 + rec["decoys"], rec["runs"]
             task = json.loads((work / f"results/sample/validation/validation-tasks/{iid}.json").read_text())
             assert task["gold_patch"] == load_task(iid)["patch"]
             from sweflow.grading.evidence import read_evidence

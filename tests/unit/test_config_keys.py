@@ -43,7 +43,11 @@ def test_result_values_drop_operational_keys_and_sort_the_rest():
     assert "docker" not in sandbox and "pids_limit" not in sandbox["local"]
     assert sandbox["provider"] == "local" and sandbox["local"]["templates_root"]
     assert list(sandbox) == sorted(sandbox)
-    assert params.result_values(cfg["validation"], "validation") == {"allow_unguarded": False, "repeats": 2}
+    assert params.result_values(cfg["validation"], "validation") == {
+        "allow_unguarded": False,
+        "decoys": 1,
+        "repeats": 2,
+    }
     ops = params.operational_values(cfg["validation"], "validation")
     assert ops == {"error_attempts": 3, "error_backoff_sec": 5, "parallel": 2}
     # the same values in another key order, or 5.0 for 5, are the same param

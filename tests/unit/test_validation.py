@@ -404,3 +404,54 @@ def test_valid_rows_are_one_byte_stable_file_per_task(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["a__b-1.jsonl", "a__b-3.jsonl"]
     assert all(p.stat().st_mtime_ns == before[p.name] for p in out.iterdir())
     assert listing.read_text() == "a__b-1\na__b-3\n"
+
+
+class TwinEval(ScriptedEval):
+    """Gold runs carry two FAIL_TO_PASS twins; a decoy run answers `decoy` (a failure reason or None)."""
+
+    def __init__(self, decoy):
+        super().__init__()
+        self.decoy, self.decoy_calls = decoy, 0
+
+    def __call__(self, provider, template, metadata, patch, *, sandbox_timeout, **kw):
+        res = super().__call__(provider, template, metadata, patch, sandbox_timeout=sandbox_timeout, **kw)
+        if patch:
+            res.canaries = [{"of": "f2p", "expect": "fail"}] * 2
+        if kw.get("decoy"):
+            self.decoy_calls += 1
+            res.resolved, res.reward, res.failure_reason = False, 0.0, self.decoy
+            res.error = "sandbox gone" if self.decoy == "sandbox_lost" else None
+        return res
+
+
+@pytest.mark.parametrize(
+    ("decoy", "verdict"),
+    [
+        (None, "valid"),
+        ("fail_to_pass_failure", "valid"),
+        ("runner_tampered", "gold_fails"),
+        ("sandbox_lost", "error"),
+    ],
+)
+def test_a_valid_task_with_twins_gets_a_decoy_run_of_its_gold_patch(decoy, verdict):
+    """The decoy run decides only tampering (its F2P tests carry moved literals: the gold fails them) and
+    an infrastructure failure there is an error, never a verdict about the task."""
+    ev = TwinEval(decoy)
+    rec = validate_task(P(), META, GOOD, repeats=2, evaluate=ev, decoys=1, error_attempts=2, error_backoff=0)
+    tries = 2 if decoy == "sandbox_lost" else 1  # an infrastructure failure is tried again, as any run
+    assert ev.decoy_calls == tries and rec["decoys"] == 1 and rec["verdict"] == verdict, rec
+    assert [(r["patch"], r["run"]) for r in rec["runs"]][-1] == ("decoy", 0)
+    if verdict == "gold_fails":
+        assert rec["reason"].startswith("runner_tampered in decoy run 0")
+    no_decoy = validate_task(P(), META, GOOD, repeats=1, evaluate=TwinEval(decoy), decoys=0)
+    assert no_decoy["verdict"] == "valid" and no_decoy["decoys"] == 0
+
+
+def test_no_decoy_run_without_twins_or_for_a_task_that_is_not_valid():
+    ev = ScriptedEval()
+    rec = validate_task(P(), META, GOOD, repeats=1, evaluate=ev, decoys=2)
+    assert rec["decoys"] == 0 and len(ev.calls) == 2  # no F2P twin in the gold runs
+    ev = TwinEval("runner_tampered")
+    ev.schedule = {"gold": [False], "empty": [False]}
+    rec = validate_task(P(), META, GOOD, repeats=1, evaluate=ev, decoys=2)
+    assert rec["verdict"] == "gold_fails" and ev.decoy_calls == 0
