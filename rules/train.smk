@@ -93,6 +93,8 @@ GRPO_RETRIES = grpo_retries(
 rule train_grpo:
     input:
         tasks=f"results/{{dataset}}/{TRAIN['split']}/tasks.valid.jsonl",
+        # which valid tasks got no FAIL_TO_PASS twin (left out of RL unless train.allow_twinless)
+        validation=f"results/{{dataset}}/{TRAIN['split']}/validation-summary.json",
         model=grpo_model,
         template_map="results/{dataset}/template-map.json",
         megatron=grpo_megatron,

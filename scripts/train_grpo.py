@@ -14,4 +14,5 @@ with from_snakemake(smk, f"{smk.scriptdir}/train_grpo.py"):
         provider=smk.params.provider,
         megatron_dir=smk.input.megatron[0] if smk.input.megatron else None,
         attempt=int(smk.resources.attempt),
+        validation=smk.input.validation,
     )

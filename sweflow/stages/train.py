@@ -197,6 +197,31 @@ def select_instances(
     return [r for r in rows if r["metadata"]["instance_id"] in wanted]
 
 
+def guarded_rows(
+    rows: list[dict[str, Any]], validation: str | os.PathLike | None, *, named: bool, allow: bool
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """GRPO's rows without the valid tasks whose gold runs got no FAIL_TO_PASS twin (`validation`: the
+    split's validation summary, its `without_f2p_twins`), and their ids: a forger that no-ops only the new
+    tests is paid there. `allow` (train.allow_twinless) keeps them; tasks `named` in train.instances that
+    are twinless are an error rather than a silent drop."""
+    if validation is None or allow:
+        return rows, []
+    twinless = set(read_json(validation).get("without_f2p_twins") or [])
+    out = [r for r in rows if r["metadata"]["instance_id"] not in twinless]
+    left = [r["metadata"]["instance_id"] for r in rows if r["metadata"]["instance_id"] in twinless]
+    if left and named or rows and not out:
+        raise TrainError(
+            f"{', '.join(left)}: no FAIL_TO_PASS twin in the gold runs, so a forger that no-ops only the new "
+            "tests would be paid; GRPO leaves such tasks out",
+            file=str(validation),
+            field="train.allow_twinless" if not named else "train.instances",
+            hint="train on tasks with twins, or set train.allow_twinless: true to take the risk (docs/trust.md)",
+        )
+    if left:
+        log.warning("GRPO leaves out %d task(s) without FAIL_TO_PASS twins: %s", len(left), left)
+    return out, left
+
+
 def _publish(work: Path, outputs: Mapping[str, str]) -> None:
     """Copy the work folder's results to the declared outputs (each written beside, then renamed)."""
     atomic_write(
@@ -275,11 +300,13 @@ def train_grpo_step(
     provider: str,
     megatron_dir: str | None = None,
     attempt: int = 1,
+    validation: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """The train_grpo rule's body: GRPO on the valid tasks with the configured engine, then the outputs.
 
     `outputs`: summary, metrics, rollouts, final (paths of the rule's declared outputs); `attempt`:
-    Snakemake's attempt number (a retry after attempts without progress fails at once).
+    Snakemake's attempt number (a retry after attempts without progress fails at once); `validation`: the
+    split's validation summary (tasks without FAIL_TO_PASS twins are left out, see `guarded_rows`).
     """
     from ..train.recipe import Recipe, check_recipe
     from ..train.resume import prepare_work, run_fingerprint
@@ -293,6 +320,9 @@ def train_grpo_step(
     if problem:
         raise TrainError(problem[0], field=problem[1], hint=problem[2])
     rows = select_instances(read_tasks(tasks), train.get("instances"), str(tasks))
+    rows, twinless = guarded_rows(
+        rows, validation, named=train.get("instances") is not None, allow=bool(train.get("allow_twinless"))
+    )
     run_dir = Path(outputs["summary"]).parent
     fingerprint = run_fingerprint(
         train=train, sandbox=sandbox, provider=provider, rows=rows, model_dir=model_dir
@@ -314,6 +344,7 @@ def train_grpo_step(
         "run": recipe.run,
         "tasks": len(rows),
         "task_ids": [r["metadata"]["instance_id"] for r in rows],
+        "left_out_twinless": twinless,
         "recipe": recipe.to_dict(),
         "template_map_sha256": sha256_file(template_map),
         "starting_weights_sha256": fingerprint["weights"],

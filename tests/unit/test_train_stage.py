@@ -3,6 +3,8 @@ needs the proxy's public URL, the model endpoint follows the dataset's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sweflow.errors import SweflowError
@@ -189,6 +191,25 @@ def test_the_verl_run_writes_its_inputs_launches_once_and_publishes_metrics_and_
     assert metrics[0]["reward_std"] == pytest.approx(2**-0.5)  # from the agent loop's rollout log
     assert (out / "rollouts" / "step-1.jsonl").exists() and (out / "final" / "model.safetensors").exists()
     assert summary["engine"] == "verl" and summary["final_from_step"] == 1
+
+
+def test_grpo_leaves_out_tasks_without_fail_to_pass_twins_unless_allowed(tmp_path):
+    from sweflow.errors import TrainError
+    from sweflow.stages.train import guarded_rows
+
+    rows = [{"metadata": {"instance_id": f"o__r-{i}"}} for i in (1, 2, 3)]
+    summary = tmp_path / "validation-summary.json"
+    summary.write_text(json.dumps({"without_f2p_twins": ["o__r-2"]}))
+    kept, left = guarded_rows(rows, summary, named=False, allow=False)
+    assert [r["metadata"]["instance_id"] for r in kept] == ["o__r-1", "o__r-3"] and left == ["o__r-2"]
+    assert guarded_rows(rows, summary, named=False, allow=True) == (rows, [])
+    assert guarded_rows(rows, None, named=False, allow=False) == (rows, [])
+    # named in train.instances: an error naming the key, not a silent drop; nothing left: an error too
+    for named, only in ((True, rows), (False, rows[1:2])):
+        with pytest.raises(TrainError) as exc:
+            guarded_rows(only, summary, named=named, allow=False)
+        assert "o__r-2" in str(exc.value) and str(summary) in str(exc.value)
+        assert exc.value.field == ("train.instances" if named else "train.allow_twinless")
 
 
 def test_train_instances_keeps_those_rows_in_the_splits_order_and_refuses_an_unknown_id():
