@@ -9,6 +9,7 @@ import pytest
 
 from sweflow.grading.agent_eval import evaluate_agent_patch
 from sweflow.grading.evaluate import evaluate_patch
+from tests.fixtures.forgers import FAMILIES as FORGERS
 
 try:  # the reward suite's sample task and providers, shared (module-scoped there, here too)
     from tests.integration.test_attacks_reward import NO_TAMPER_SCAN, TASK, _init_with, env, task  # noqa: F401
@@ -114,20 +115,7 @@ _p.Function.runtest = _runtest
 
 # the same forger, told also by a twin in the file as it runs: the clones of PASS_TO_PASS tests that the test
 # patch adds have no twin in the committed file, but every clone has its original beside it
-NOOP_NEW_WITHOUT_TWIN = NOOP_NEW_WITHOUT_HEAD_TWIN.replace(
-    "    return _orig(self) if _shape(node) in shapes else None\n",
-    """    return _orig(self) if _shape(node) in shapes or _shape(node) in _twins(str(self.path)) else None
-def _twins(path):
-    if "run:" + path not in _seen:
-        import collections as _c
-        with open(path) as f:
-            tree = _ast.parse(f.read())
-        n = _c.Counter(_shape(d) for d in _ast.walk(tree) if isinstance(d, _ast.FunctionDef))
-        _seen["run:" + path] = {s for s, k in n.items() if k > 1}
-    return _seen["run:" + path]
-""",
-)
-assert NOOP_NEW_WITHOUT_TWIN != NOOP_NEW_WITHOUT_HEAD_TWIN
+NOOP_NEW_WITHOUT_TWIN = FORGERS["own"]
 
 ATTACKS = {
     "noop_new_without_head_twin": NOOP_NEW_WITHOUT_HEAD_TWIN,
