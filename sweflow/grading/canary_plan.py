@@ -100,9 +100,10 @@ def _once(body) -> dict[str, list]:
     return {n: nodes[0] for n, nodes in seen.items() if len(nodes) == 1}
 
 
-def _plain_tests(tree: ast.Module) -> dict[tuple[str, str], ast.FunctionDef]:
+def _plain_tests(tree: ast.Module, *, docstrings: bool = False) -> dict[tuple[str, str], ast.FunctionDef]:
     """(class, name) -> plain test defined once: module-level functions, and methods of module-level
-    classes defined once (class "" for module level)."""
+    classes defined once (class "" for module level); a method with a docstring only with ``docstrings``
+    (pytest's runners never print it; unittest's verbose one prints its first line instead of the id)."""
     out: dict[tuple[str, str], ast.FunctionDef] = {}
     # a class another class of the module derives from would run a test put into it twice, once under
     # an id the host does not know
@@ -118,7 +119,11 @@ def _plain_tests(tree: ast.Module) -> dict[tuple[str, str], ast.FunctionDef]:
             out[("", name)] = node
         elif isinstance(node, ast.ClassDef) and name not in bases:
             for mname, m in _once(node.body).items():
-                if isinstance(m, ast.FunctionDef) and _plain(m, method=True) and not ast.get_docstring(m):
+                if (
+                    isinstance(m, ast.FunctionDef)
+                    and _plain(m, method=True)
+                    and (docstrings or not ast.get_docstring(m))
+                ):
                     out[(name, mname)] = m
     return out
 
@@ -209,7 +214,7 @@ def plan_for_file(
     )
     modules = {(c, n): m for m, c, n in units}
     f2p_modules = {(c, n): m for m, c, n in fail_to_pass}
-    tests = _plain_tests(tree)
+    tests = _plain_tests(tree, docstrings=family == PYTEST)
     plain = {k: fn for k, fn in tests.items() if k in modules}
     f2p = {k: fn for k, fn in tests.items() if k in f2p_modules and k not in modules}
     if not plain and not (f2p and twins):

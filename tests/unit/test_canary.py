@@ -299,5 +299,43 @@ def test_twin_clusters_and_decoy_stand_ins_fail_with_and_without_every_sample_fi
         if not decoy:
             got = [fixed.get(t) for t in task["FAIL_TO_PASS"]]
             assert got == ["PASSED"] * len(got)
-    # the tasks whose FAIL_TO_PASS tests are parametrized or compare constructed objects carry no cluster
-    assert (clustered > 0) == (iid not in {"sweflow__calclib-2", "sweflow__calclib-4", "sweflow__calclib-9"})
+    # the tasks whose FAIL_TO_PASS tests are parametrized (no expected literal in the body) carry no cluster;
+    # calclib-2's compare with constructed objects (Binary("^", Num(2), ...)): a moved argument literal
+    assert (clustered > 0) == (iid not in {"sweflow__calclib-4", "sweflow__calclib-9"})
+
+
+@pytest.mark.parametrize(
+    ("expected", "moves"),
+    [
+        ('Binary("^", Num(2), Name("a"))', True),  # constructors all the way down: a literal argument
+        ("Point(x=1, y=-2)", True),
+        ("Decimal('1.5')", True),
+        ("len('abc')", False),  # a plain function may not change with its argument
+        ("Node(len('abc'))", False),
+        ("Node(make(1))", False),
+        ("Node(a)", False),  # no literal to move
+    ],
+)
+def test_an_expected_value_built_by_constructors_gets_a_moved_literal(expected, moves):
+    import ast
+
+    from sweflow.grading.canary_literals import _check_literal
+
+    text = f"def test_x():\n    assert parse('2') == {expected}\n"
+    fn = ast.parse(text).body[0]
+    got = _check_literal(fn, text, text.split("\n"), random.Random(0))
+    assert (got is not None) == moves
+    if moves:
+        assert ast.literal_eval(text[got.start : got.end]) is not None  # the span is one literal
+
+
+def test_pytest_methods_with_a_docstring_are_clonable_unittest_ones_not():
+    import ast
+
+    from sweflow.grading.canary_plan import _plain_tests
+
+    tree = ast.parse(
+        'class TestA:\n    def test_x(self):\n        """Checks x."""\n        assert f() == 1\n'
+    )
+    assert ("TestA", "test_x") in _plain_tests(tree, docstrings=True)
+    assert ("TestA", "test_x") not in _plain_tests(tree)  # unittest's verbose runner prints the docstring
