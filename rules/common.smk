@@ -243,6 +243,8 @@ MODEL_ENDPOINT = (
     else TRAIN_MODEL["endpoint"]
 )
 TRAIN_GPUS = TRAIN["parallel"]["gpus_per_node"]
+# evaluate.engine vllm: each evaluation job starts a vLLM server on GPUs of its own (rules/evaluate.smk)
+EVAL_VLLM = config["evaluate"]["engine"] == "vllm"
 TRAIN_NODES = TRAIN["parallel"]["nodes"]
 USE_MEGATRON = TRAIN["engine"] == "verl" and TRAIN_MODEL["megatron"]["enabled"]
 GRPO_DIR = f"results/{DATASET}/grpo/{TRAIN['run']}"

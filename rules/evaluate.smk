@@ -1,5 +1,6 @@
 # Evaluate stage: each checkpoint named in evaluate.checkpoints attempts every valid task of the held-out
-# split evaluate.attempts times (the agent through the proxy, on the local engine serving the checkpoint),
+# split evaluate.attempts times (the agent through the proxy, on the engine serving the checkpoint: local
+# transformers, or with evaluate.engine vllm a vLLM server the job starts on its GPUs),
 # every patch graded in a fresh sandbox by the training's rules; pass@1 with its interval, pass@k, and
 # SWE-bench's predictions.jsonl and report.json (sweflow.stages.evaluate). One job per checkpoint: a rerun
 # evaluates only the checkpoints whose weights changed. Predictions files made elsewhere
@@ -22,8 +23,15 @@ rule evaluate_checkpoint:
     wildcard_constraints:
         checkpoint=r"base|warm_start|grpo|sft",
     conda:
-        "../envs/train.yaml"
+        "../envs/train-verl.yaml" if EVAL_VLLM else "../envs/train.yaml"
     threads: config["evaluate"]["parallel"]
+    resources:
+        # the vLLM server's GPUs (tensor parallel); none for the local engine
+        gres=(
+            f"gpu:{config['evaluate']['vllm']['tensor_parallel_size']}"
+            if EVAL_VLLM
+            else ""
+        ),
     params:
         provider=PROVIDER,
         evaluate=result_params("evaluate", without=("predictions",)),

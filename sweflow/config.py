@@ -283,7 +283,7 @@ def _proxy_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
     """Cloud sandboxes (E2B) reach a proxy on this side over the internet: a branch that runs one needs its
     public URL and declared port before the first job, not hours in (train_grpo, collect_trajectories
     refuse it too)."""
-    from .train.proxy_settings import cloud_reach_problem
+    from .train.proxy_settings import cloud_reach_problem, eval_reach_problem
 
     branches = []
     if (cfg.get("train") or {}).get("enabled"):
@@ -305,6 +305,14 @@ def _proxy_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:
         if problem:
             message, field, hint = problem
             raise ConfigError(message, file=_where(origins, tuple(field.split("."))), field=field, hint=hint)
+    ev, proxy = cfg["evaluate"], cfg["train"]["proxy"]  # an evaluation job's own proxy
+    problem = ev["enabled"] and ev["checkpoints"] and eval_reach_problem(
+        cfg["sandbox"]["provider"], port=int(proxy["port"]), train_url=proxy["public_url"],
+        eval_url=ev["proxy_url"], engine=cfg["train"]["engine"],
+    )  # fmt: skip
+    if problem:
+        message, field, hint = problem
+        raise ConfigError(message, file=_where(origins, tuple(field.split("."))), field=field, hint=hint)
 
 
 def _smith_checks(cfg: dict[str, Any], origins: Mapping[Path_, str]) -> None:

@@ -5,6 +5,7 @@ formats (predictions.jsonl, the harness's run report.json).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from ..grading.evidence import write_evidence
 from ..rulekit import from_snakemake
 from ..sandbox.registry import provider_from_config
 from ..sandbox.settings import SandboxSettings
+from ..schema import default, defaults
 from ..smith.candidates import write_jsonl
 from ..util import atomic_write_json
 
@@ -44,6 +46,40 @@ def _without_tail(evaluation: Mapping[str, Any]) -> dict[str, Any]:
     return {**evaluation, **({"marker": marker} if evaluation.get("marker") is not None else {})}
 
 
+def _attempts(
+    engine: Any,
+    tokenizer: Any,
+    prov: Any,
+    rows: list,
+    k: int,
+    *,
+    checkpoint: str,
+    recipe: Any,
+    proxy: Any,
+    public_url: str | None,
+    provider: str,
+    settings: Any,
+    parallel: int,
+) -> list:
+    """`k` attempts at each row through the training's proxy and rollouts on `engine` (patches kept)."""
+    from ..train.proxy_settings import CLOUD_PROVIDERS
+    from ..train.rollouts import PolicyRollouts
+
+    rollouts = PolicyRollouts(
+        engine, tokenizer, prov,
+        max_new_tokens=recipe.max_response_tokens, max_context_tokens=recipe.max_context_tokens,
+        temperature=recipe.temperature, top_p=recipe.top_p, top_k=recipe.top_k,
+        host=proxy.host, port=proxy.port if provider in CLOUD_PROVIDERS else 0, public_url=public_url,
+        max_concurrency=parallel, turn_timeout=recipe.turn_timeout,
+        session_prefix=f"eval.{checkpoint}.", eval_network=settings.network,
+        tampered_reward=recipe.tampered_reward,
+        token_build_mode=proxy.build_mode, token_build_model=proxy.build_model,
+    )  # fmt: skip
+    rollouts.config.keep_patch = True
+    with rollouts:
+        return run_attempts(rollouts, rows, k, prefix=f"eval.{checkpoint}.")
+
+
 def evaluate_checkpoint_step(
     model_dir: str | os.PathLike,
     tasks: str | os.PathLike,
@@ -60,11 +96,11 @@ def evaluate_checkpoint_step(
     decoy runs as training). `outputs`: summary, attempts, predictions, report, evidence."""
     from transformers import AutoTokenizer
 
-    from ..proxy.engines import TransformersEngine
-    from ..train.proxy_settings import CLOUD_PROVIDERS, ProxySettings, cloud_reach_problem
+    from ..evaluation.serve import served, vllm_command
+    from ..proxy.engines import TransformersEngine, VLLMEngine
+    from ..train.proxy_settings import ProxySettings, eval_reach_problem
     from ..train.recipe import Recipe
     from ..train.resume import weights_sha256
-    from ..train.rollouts import PolicyRollouts
 
     started = time.monotonic()
     rows = _rows(tasks)
@@ -72,31 +108,30 @@ def evaluate_checkpoint_step(
     recipe = Recipe.from_config(train)
     proxy, settings = ProxySettings.from_config(train), SandboxSettings.from_config(sandbox)
     # cloud sandboxes reach this job's own proxy at the declared port and URL (no Ray gateway runs here)
-    problem = cloud_reach_problem(provider, port=proxy.port, public_url=proxy.public_url, engine="trl",
-                                  where="train.proxy")  # fmt: skip
-    if problem is None and provider in CLOUD_PROVIDERS and recipe.engine == "verl":
-        problem = ("the evaluation's cloud sandboxes need its own proxy published at train.proxy.public_url; on "
-                   "verl that URL names the Ray head's gateway, which an evaluation job does not run",
-                   "train.proxy.public_url", "publish the evaluation node's train.proxy.port and set the URL for it")  # fmt: skip
+    public_url = evaluate.get("proxy_url") or proxy.public_url
+    problem = eval_reach_problem(provider, port=proxy.port, train_url=proxy.public_url,
+                                 eval_url=evaluate.get("proxy_url"), engine=recipe.engine)  # fmt: skip
     if problem:
         raise ConfigError(problem[0], field=problem[1], hint=problem[2])
     prov = provider_from_config(provider, settings)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    engine = SeededEngine(TransformersEngine(str(model_dir)), seed)
-    log.info("evaluating %s on %d task(s), %d attempt(s) each (seed %d)", checkpoint, len(rows), k, seed)
-    rollouts = PolicyRollouts(
-        engine, tokenizer, prov,
-        max_new_tokens=recipe.max_response_tokens, max_context_tokens=recipe.max_context_tokens,
-        temperature=recipe.temperature, top_p=recipe.top_p, top_k=recipe.top_k,
-        host=proxy.host, port=proxy.port if provider in CLOUD_PROVIDERS else 0, public_url=proxy.public_url,
-        max_concurrency=int(evaluate["parallel"]), turn_timeout=recipe.turn_timeout,
-        session_prefix=f"eval.{checkpoint}.", eval_network=settings.network,
-        tampered_reward=recipe.tampered_reward,
-        token_build_mode=proxy.build_mode, token_build_model=proxy.build_model,
-    )  # fmt: skip
-    rollouts.config.keep_patch = True
-    with rollouts:
-        results = run_attempts(rollouts, rows, k, prefix=f"eval.{checkpoint}.")
+    kind = evaluate.get("engine") or default("evaluate.engine")
+    log.info("evaluating %s on %d task(s), %d attempt(s) each (seed %d, %s engine)", checkpoint, len(rows), k,
+             seed, kind)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        if kind == "vllm":
+            opts = defaults("evaluate.vllm", evaluate.get("vllm"))
+            url = stack.enter_context(served(
+                vllm_command(model_dir, name=checkpoint, seed=seed, options=opts),
+                f"http://127.0.0.1:{int(opts['port'])}", log_path=Path(outputs["summary"]).with_name("vllm.log"),
+                startup_timeout=float(opts["startup_timeout_sec"]),
+            ))  # fmt: skip
+            inner: Any = VLLMEngine(url, checkpoint, timeout=float(recipe.turn_timeout or 600))
+        else:
+            inner = TransformersEngine(str(model_dir))
+        results = _attempts(SeededEngine(inner, seed), tokenizer, prov, rows, k, checkpoint=checkpoint,
+                            recipe=recipe, proxy=proxy, public_url=public_url, provider=provider,
+                            settings=settings, parallel=int(evaluate["parallel"]))  # fmt: skip
     attempts = [attempt_record(r) for r in results]
     graded = [a for a in attempts if a["status"] == "completed"]
     figures = resolve_figures(graded, k, seed=seed)
@@ -123,7 +158,7 @@ def evaluate_checkpoint_step(
         "checkpoint": checkpoint,
         "weights_sha256": weights_sha256(model_dir),
         "tasks_file": str(tasks),
-        "engine": "local",
+        "engine": kind,
         "seed": seed,
         "sampling": {
             "temperature": recipe.temperature,

@@ -74,3 +74,18 @@ def cloud_reach_problem(
             "set the URL at which the head node's declared port is published",
         )
     return None
+
+
+def eval_reach_problem(
+    provider: str, *, port: int | None, train_url: str | None, eval_url: str | None, engine: str | None
+) -> tuple[str, str, str] | None:
+    """`cloud_reach_problem` for an evaluation job's own proxy (on `train.proxy.port`, published at
+    `evaluate.proxy_url`, else at `train.proxy.public_url`, which on verl names the Ray head's gateway: no
+    evaluation job runs one)."""
+    problem = cloud_reach_problem(provider, port=port, public_url=eval_url or train_url, engine="trl",
+                                  where="train.proxy")  # fmt: skip
+    if problem is None and provider in CLOUD_PROVIDERS and engine == "verl" and not eval_url:
+        return ("the evaluation's cloud sandboxes need its own proxy published at a URL; on verl "
+                "train.proxy.public_url names the Ray head's gateway, which an evaluation job does not run",
+                "evaluate.proxy_url", "publish the evaluation node's train.proxy.port and set evaluate.proxy_url")  # fmt: skip
+    return problem

@@ -112,7 +112,7 @@ def test_the_run_report_is_the_harnesss_make_run_report(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("engine", "port", "url", "field"), [
     ("trl", 8800, None, "train.proxy.public_url"),
     ("trl", 0, "https://proxy.example.org", "train.proxy.port"),
-    ("verl", 8800, "https://gateway.example.org", "train.proxy.public_url"),
+    ("verl", 8800, "https://gateway.example.org", "evaluate.proxy_url"),
 ])  # fmt: skip
 def test_an_evaluation_with_cloud_sandboxes_needs_its_own_published_proxy(tmp_path, engine, port, url, field):
     """E2B sandboxes reach the evaluation's proxy over the internet: a port nobody published, no URL, or the
@@ -132,3 +132,9 @@ def test_an_evaluation_with_cloud_sandboxes_needs_its_own_published_proxy(tmp_pa
         evaluate_checkpoint_step(tmp_path / "no-model", tasks, {}, checkpoint="base", evaluate=defaults("evaluate"),
                                  train=train, sandbox={"provider": "e2b"}, provider="e2b")  # fmt: skip
     assert e.value.field == field
+    if engine == "verl":  # the evaluation node's own published proxy passes the check (then no model loads)
+        own = {**defaults("evaluate"), "proxy_url": "https://eval-node.example.org"}
+        with pytest.raises(Exception) as e:
+            evaluate_checkpoint_step(tmp_path / "no-model", tasks, {}, checkpoint="base", evaluate=own,
+                                     train=train, sandbox={"provider": "e2b"}, provider="e2b")  # fmt: skip
+        assert not str(getattr(e.value, "field", "") or "").endswith(("proxy_url", "public_url", ".port")), e.value
