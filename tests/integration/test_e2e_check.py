@@ -233,14 +233,14 @@ def attack_row(request, task, tmp_path_factory):
     return provider, training_row(task, rec["template"], request.param)
 
 
-def _play(attack_row, tokenizer, name, turns):
+def _play(attack_row, tokenizer, name, turns, **cfg_kw):
     from sweflow.offline.policies import ScriptedPolicy
     from sweflow.rollout.e2e import run_policy
     from sweflow.rollout.types import RolloutConfig
 
     provider, row = attack_row
     policy = ScriptedPolicy(name, turns, tokenizer)
-    cfg = RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{name}.")
+    cfg = RolloutConfig(max_concurrency=1, session_prefix=f"e2e-{name}.", **cfg_kw)
     return run_policy(row, policy, provider=provider, tokenizer=tokenizer, config=cfg)
 
 
@@ -266,6 +266,32 @@ def test_runner_attacks_through_the_rollout_path_get_0(task, tokenizer, attack_r
     assert (rep["status"], rep["reward"]) == ("completed", 0.0), rep
     assert rep["failure_reason"] == EXPECTED_RUNNER_REFUSAL[attack], rep
     assert rep["token_checks"]["outputs_match"], rep["token_checks"]
+
+
+@pytest.mark.parametrize("family", ["clone_cluster", "positional"])
+def test_an_adaptive_forger_through_the_rollout_path_gets_0(task, tokenizer, attack_row, family):
+    """Issue 44's families (tests/fixtures/forgers.py) written by Claude Code's own edit, graded by the
+    rollouts' evaluation with the tamper scan off: the canaries, drawn names and the decoy run decide."""
+    from sweflow.grading.integrity import IntegrityRules
+    from sweflow.proxy import format_qwen_xml
+    from sweflow.smith.gitrepo import run_git
+    from tests.fixtures.forgers import FAMILIES
+
+    init = run_git(task["repo"].path, "show", f"{task['inst']['base_commit']}:calclib/__init__.py").stdout
+    last = [ln for ln in init.splitlines() if ln.startswith("__version__")][0]
+    path = "/testbed/calclib/__init__.py"
+    edit = {"file_path": path, "old_string": last, "new_string": last + "\n" + FAMILIES[family]}
+    turns = [
+        "Reading.\n" + format_qwen_xml("Read", {"file_path": path}),
+        format_qwen_xml("Edit", edit),
+        "Done.",
+    ]
+    rep = _play(
+        attack_row, tokenizer, f"forger-{family}", turns, integrity_rules=IntegrityRules(tamper_patterns=())
+    )
+    assert rep["patch"]["files"] == ["calclib/__init__.py"], rep
+    assert (rep["status"], rep["reward"]) == ("completed", 0.0), rep
+    assert rep["failure_reason"] in ("runner_tampered", "fail_to_pass_failure"), rep
 
 
 @pytest.mark.parametrize(
