@@ -35,7 +35,7 @@ from .base import (
 )
 from .egress import SOCKET_DIR, Routes, inside_egress_port, inside_forwarders
 from .limits import Limits, LimitSpec
-from .local_bwrap import UMASK, _bwrap, _chown_tree, _mkdir
+from .local_bwrap import UMASK, _bwrap, _chown_tree, _mkdir, _searchable
 from .local_template import LocalTemplates, default_root
 from .logged import LogSink
 from .spec import CLAUDE_PATH, RUNTIME_DIR
@@ -266,6 +266,9 @@ class LocalSandbox(SandboxBase):
     def _argv(
         self, cmd: list[str], env: dict[str, str] | None, cwd: str | None, *, extra: list[str] = ()
     ) -> list[str]:
+        # again before each command: another process may have taken search permission away from a folder
+        # above the workspace since (any pytest that starts makes /tmp/pytest-of-<user> 0700 again)
+        _searchable(self.dir)
         join = self._netns is not None
         prefix: list[str] = self.limits.prefix() if self.limits is not None else []
         if join:

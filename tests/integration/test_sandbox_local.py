@@ -72,6 +72,22 @@ def test_run_env_cwd_and_testbed_state(local):
         assert "passed" in r.stdout and r.exit_code in (0, 1), r.stdout[-2000:]
 
 
+def test_a_folder_above_that_loses_search_permission_mid_sandbox_gets_it_back(local):
+    """Any pytest that starts makes /tmp/pytest-of-<user> 0700 again (another test, a user's own run): a
+    sandbox created before must still run its next command (bwrap resolves binds as the sandbox uid)."""
+    import os
+    import stat
+
+    provider, template, _ = local
+    with provider.create(template, timeout=120) as sb:
+        above = sb.dir.parent.parent  # <templates root>/_sandboxes/<id>: the templates root
+        mode = stat.S_IMODE(above.stat().st_mode)
+        os.chmod(above, mode & ~stat.S_IXOTH)
+        r = sb.run("echo ok", timeout=30)
+        assert (r.ok, r.stdout) == (True, "ok\n"), r
+        assert above.stat().st_mode & stat.S_IXOTH
+
+
 def test_timeout_kills_the_command_and_its_children(local):
     provider, template, _ = local
     with provider.create(template, timeout=120) as sb:
