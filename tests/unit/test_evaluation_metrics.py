@@ -137,4 +137,6 @@ def test_an_evaluation_with_cloud_sandboxes_needs_its_own_published_proxy(tmp_pa
         with pytest.raises(Exception) as e:
             evaluate_checkpoint_step(tmp_path / "no-model", tasks, {}, checkpoint="base", evaluate=own,
                                      train=train, sandbox={"provider": "e2b"}, provider="e2b")  # fmt: skip
-        assert not str(getattr(e.value, "field", "") or "").endswith(("proxy_url", "public_url", ".port")), e.value
+        assert not str(getattr(e.value, "field", "") or "").endswith(("proxy_url", "public_url", ".port")), (
+            e.value
+        )
