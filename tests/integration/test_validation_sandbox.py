@@ -242,7 +242,8 @@ def test_a_sandbox_killed_mid_evaluation_is_an_error_then_valid_on_retry(local_s
     )
     assert prov.missed == 0 and prov.killed == 1
     assert (rec["verdict"], rec["reason"]) == ("valid", None)
-    assert sorted(r["attempts"] for r in rec["runs"]) == [1, 2]
+    assert sorted(r["attempts"] for r in rec["runs"] if r["patch"] != "decoy") == [1, 2]
+    assert [(r["patch"], r["attempts"]) for r in rec["runs"] if r["patch"] == "decoy"] == [("decoy", 1)]
     first = next(e for e in evidence if e["attempt"] == 1 and e["failure_reason"] == "sandbox_lost")
     assert first["error"] and first["statuses"] == {}
     gold = next(e for e in evidence if e["patch"] == "gold" and e["failure_reason"] is None)
