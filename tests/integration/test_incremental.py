@@ -85,7 +85,11 @@ def changed(path: tuple[str, ...], current, node: dict):
     if "string" in kinds:
         return f"{current or 'x'}-other"
     if "array" in kinds:  # a list of choices (train.tracking.backends): one fewer, or the first one
-        return list(current)[:-1] if current else [node["items"]["enum"][0]]
+        if current:
+            return list(current)[:-1]
+        return (
+            [node["items"]["enum"][0]] if "enum" in node["items"] else ["--other"]
+        )  # evaluate.vllm.extra_args
     raise AssertionError(f"no change for {'.'.join(path)} of type {kinds}")
 
 

@@ -139,7 +139,9 @@ def test_every_rule_but_the_local_ones_ran_as_a_slurm_job(slurm_run, slurm_clust
         slurm = rec["slurm"]
         assert slurm and re.fullmatch(r"\d+", slurm["job_id"]), name
         assert slurm["nodes"] and set(slurm["nodes"]) <= set(slurm_cluster["nodes"]), (name, slurm)
-        assert slurm["partition"] == ("gpu" if rec["rule"] == "train_grpo" else "cpu"), (name, slurm)
+        # the profile's GPU rules: training, and a checkpoint's evaluation (its model server)
+        gpu = rec["rule"] in ("train_grpo", "evaluate_checkpoint")
+        assert slurm["partition"] == ("gpu" if gpu else "cpu"), (name, slurm)
         jobs.setdefault(rec["rule"], set()).add(slurm["job_id"])
     assert {"validate_task", "build_template", "warm_start", "train_grpo", "e2e_check"} <= set(jobs)
     # one job per validated task: the per-item rules were not batched into one
@@ -333,7 +335,8 @@ def test_the_production_training_job_asks_for_four_exclusive_nodes_of_eight_gpus
     name, run = cfg["dataset"]["name"], cfg["train"]["run"]
     split = cfg["train"].get("split", "train")
     model = cfg["train"]["model"].get("name") or cfg["train"]["model"]["repo_id"].replace("/", "--")
-    for path in (f"results/{name}/{split}/tasks.valid.jsonl", f"results/{name}/template-map.json"):
+    for path in (f"results/{name}/{split}/tasks.valid.jsonl", f"results/{name}/template-map.json",
+                 f"results/{name}/{split}/validation-summary.json"):  # fmt: skip
         (work / path).parent.mkdir(parents=True, exist_ok=True)
         (work / path).write_text("{}\n")
     for folder in (f"models/{model}/hf", f"models/{model}/torch_dist"):
