@@ -326,10 +326,10 @@ def _callee(call: ast.Call) -> str:
     return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
 
 
-def _constructed(node: ast.Call) -> bool:
-    """An expected value built by class constructors only (``Binary("^", Num(2), Name("a"))``, capitalised
-    callees) from literals, displays and names: a moved literal argument builds another value. Plain
-    functions (``len``, ``str``, ``sorted``) may not change with it, so they are never read."""
+def _constructed(node: ast.expr) -> bool:
+    """An expected value built from literals, names and displays (nested ones too) and class constructors
+    only (``Binary("^", Num(2), Name("a"))``, capitalised callees): a moved literal builds another value.
+    Plain functions (``len``, ``str``, ``sorted``) may not change with it, so they are never read."""
     return all(isinstance(n, _BUILT) for n in ast.walk(node)) and all(
         _callee(n)[:1].isupper() for n in ast.walk(node) if isinstance(n, ast.Call)
     )
@@ -337,8 +337,8 @@ def _constructed(node: ast.Call) -> bool:
 
 def _expected_literal(node: ast.expr, text: str, lines: list[str], rng: random.Random) -> Expected | None:
     """Where the expected value ``node`` is written with a literal: the literal itself (``-`` kept), one
-    drawn from the literals of a list, tuple, set or dict display (nested displays too) or of a value built
-    by constructors (``_constructed``), one of a
+    drawn from the literals of a list, tuple, set or dict display or a value built by constructors
+    (``_constructed``), one of a
     constant arithmetic expression whose value a move changes, or any of these as ``approx``'s only
     argument when a move takes the value far outside approx's default tolerance; else None."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
@@ -347,19 +347,7 @@ def _expected_literal(node: ast.expr, text: str, lines: list[str], rng: random.R
             if isinstance(node.operand, ast.Constant)
             else None
         )
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
-        shapes = (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Constant, ast.Name, ast.Attribute, ast.Load)
-        if not all(isinstance(n, (*shapes, ast.UnaryOp, ast.USub)) for n in ast.walk(node)):
-            return None
-        found = [
-            sp
-            for n in ast.walk(node)
-            if isinstance(n, ast.Constant)
-            for sp in [_literal_span(n, text, lines)]
-            if sp
-        ]
-        return Expected(*rng.choice(found)) if found else None
-    if isinstance(node, ast.Call) and _constructed(node):
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.Call)) and _constructed(node):
         found = [
             sp
             for n in ast.walk(node)
