@@ -10,6 +10,7 @@ import pytest
 from sweflow.grading.agent_eval import evaluate_agent_patch
 from sweflow.grading.evaluate import evaluate_patch
 from tests.fixtures.forgers import FAMILIES as FORGERS
+from tests.fixtures.forgers import HEAD_TWIN
 
 try:  # the reward suite's sample task and providers, shared (module-scoped there, here too)
     from tests.integration.test_attacks_reward import NO_TAMPER_SCAN, TASK, _init_with, env, task  # noqa: F401
@@ -80,38 +81,7 @@ _p.Function.runtest = _runtest
 
 # the canaries are clones: leave alone every new test whose body (constants and ==/!= masked) matches a test of the
 # committed file, no-op the other new tests (the FAIL_TO_PASS ones, unless they have near-twins too)
-NOOP_NEW_WITHOUT_HEAD_TWIN = """
-import ast as _ast, inspect as _insp, os as _os, subprocess as _sp, textwrap as _tw
-import pytest as _p
-_orig, _seen = _p.Function.runtest, {}
-class _Mask(_ast.NodeTransformer):
-    def visit_Constant(self, node):
-        return _ast.Constant(value=0)
-    def visit_NotEq(self, node):
-        return _ast.Eq()
-def _shape(fn_node):
-    return _ast.dump(_Mask().visit(_ast.Module(body=fn_node.body, type_ignores=[])))
-def _head(path):
-    if path not in _seen:
-        src = _sp.run(["git", "show", "HEAD:" + path], capture_output=True, text=True).stdout
-        try:
-            tree = _ast.parse(src)
-        except SyntaxError:
-            tree = _ast.Module(body=[], type_ignores=[])
-        fns = [n for n in _ast.walk(tree) if isinstance(n, _ast.FunctionDef)]
-        _seen[path] = ({n.name for n in fns}, {_shape(n) for n in fns})
-    return _seen[path]
-def _runtest(self):
-    names, shapes = _head(_os.path.relpath(str(self.path)))
-    if self.originalname in names:
-        return _orig(self)
-    try:
-        node = _ast.parse(_tw.dedent(_insp.getsource(self.obj))).body[0]
-    except (OSError, TypeError, SyntaxError):
-        return _orig(self)
-    return _orig(self) if _shape(node) in shapes else None
-_p.Function.runtest = _runtest
-"""
+NOOP_NEW_WITHOUT_HEAD_TWIN = HEAD_TWIN
 
 # the same forger, told also by a twin in the file as it runs: the clones of PASS_TO_PASS tests that the test
 # patch adds have no twin in the committed file, but every clone has its original beside it
