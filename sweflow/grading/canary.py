@@ -59,6 +59,7 @@ class Canary:
     module: str = ""
     of: str = P2P
     replaces: bool = False  # a decoy run's FAIL_TO_PASS test, its expected literal moved: same name
+    params: bool = False  # a parametrized pytest test: its cases ``<id>[...]`` are reported, not ``<id>``
 
     @property
     def ids(self) -> tuple[str, ...]:
@@ -79,8 +80,18 @@ class Canary:
     def test_id(self) -> str:
         return self.ids[0]
 
+    def cases(self, statuses: Mapping[str, str]) -> list[str]:
+        """The keys of ``statuses`` that report this test: its id, or each case of a parametrized one."""
+        if self.params:
+            # (a parser that splits lines at spaces keeps an id's case only up to its first space)
+            return [k for k in statuses if k.startswith(self.test_id + "[")]
+        return [i for i in self.ids if i in statuses][:1]
+
     def status_in(self, statuses: Mapping[str, str]) -> str | None:
-        return next((statuses[i] for i in self.ids if i in statuses), None)
+        """Its status; a parametrized test's: PASSED when every case passed, else the first failing case's
+        (a twin's cases each fail with the right fix, and a forger that guesses the original passes them all)."""
+        got = [statuses[k] for k in self.cases(statuses)]
+        return next((g for g in got if g != "PASSED"), got[0]) if got else None
 
     def to_dict(self) -> dict[str, str]:
         d = asdict(self)
@@ -204,7 +215,7 @@ def original_names(log: str, canaries: Sequence[Canary]) -> str:
 
 def without(statuses: Mapping[str, str], canaries: Sequence[Canary]) -> dict[str, str]:
     """The status map without the canaries' ids (evidence and F2P/P2P derivation never see them)."""
-    ids = {i for c in canaries for i in c.ids}
+    ids = {i for c in canaries for i in [*c.ids, *c.cases(statuses)]}
     return {k: v for k, v in statuses.items() if k not in ids}
 
 

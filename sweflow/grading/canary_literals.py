@@ -241,6 +241,11 @@ class Expected:
     end: int
     ops: tuple[str, ...] = _STRING_OPS
     ok: Callable[[str], bool] | None = None
+    more: tuple[tuple[int, int], ...] = ()  # a parametrized test's other cases: each one's expected literal
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return [(self.start, self.end), *self.more]
 
 
 def _check_literal(fn: ast.FunctionDef, text: str, lines: list[str], rng: random.Random) -> Expected | None:
@@ -259,22 +264,88 @@ def _check_literal(fn: ast.FunctionDef, text: str, lines: list[str], rng: random
         return None
     last = checks[-1]
     if isinstance(last, ast.With):
-        return _raises_match(last, text, lines)
+        match = _raises_match(last)
+        if isinstance(match, ast.Name):
+            return _param_literals(fn, match.id, text, lines, regex=True)
+        span = _literal_span(match, text, lines) if match is not None else None
+        return Expected(*span, ops=("change",)) if span else None
     if isinstance(last, ast.Assert):
         cmp = last.test
         if isinstance(cmp, ast.Compare) and len(cmp.ops) == 1 and isinstance(cmp.ops[0], ast.Eq):
-            return _expected_literal(cmp.comparators[0], text, lines, rng)
+            return _expected(fn, cmp.comparators[0], text, lines, rng)
         return None
     call = last.value
     if len(call.args) != 2 or call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
         return None
-    return next((e for e in (_expected_literal(a, text, lines, rng) for a in call.args[::-1]) if e), None)
+    return next((e for e in (_expected(fn, a, text, lines, rng) for a in call.args[::-1]) if e), None)
+
+
+def _expected(fn: ast.FunctionDef, node: ast.expr, text: str, lines: list[str], rng) -> Expected | None:
+    if isinstance(node, ast.Name):
+        return _param_literals(fn, node.id, text, lines)
+    return _expected_literal(node, text, lines, rng)
+
+
+def parametrize(d: ast.expr) -> ast.Call | None:
+    """The decorator as ``pytest.mark.parametrize(...)`` (or ``mark.parametrize``) call, or None."""
+    f = d.func if isinstance(d, ast.Call) else None
+    ok = isinstance(f, ast.Attribute) and f.attr == "parametrize" and isinstance(f.value, ast.Attribute)
+    return d if ok and f.value.attr == "mark" and not any(k.arg == "indirect" for k in d.keywords) else None
+
+
+def _argnames(node: ast.expr) -> list[str] | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [n.strip() for n in node.value.split(",") if n.strip()]
+    if isinstance(node, (ast.List, ast.Tuple)) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+    ):
+        return [e.value for e in node.elts]
+    return None
+
+
+def _param_literals(
+    fn: ast.FunctionDef, name: str, text: str, lines: list[str], *, regex: bool = False
+) -> Expected | None:
+    """Where a parametrized test's expected value ``name`` is written: the literal of each case in its
+    ``pytest.mark.parametrize`` list (every case, plain literals only), when the body reads ``name`` only
+    in its last check (so a moved value changes nothing but the expectation); ``regex``: a ``match=``
+    text, letters changed only and regex-free."""
+    reads = [n for st in fn.body for n in ast.walk(st) if isinstance(n, ast.Name) and n.id == name]
+    if len(reads) != 1 or not isinstance(reads[0].ctx, ast.Load):
+        return None
+    for d in fn.decorator_list:
+        call = parametrize(d)
+        names = _argnames(call.args[0]) if call is not None and len(call.args) >= 2 else None
+        if not names or name not in names:
+            continue
+        cases = call.args[1]
+        if not isinstance(cases, (ast.List, ast.Tuple)) or not cases.elts:
+            return None
+        spans = []
+        for case in cases.elts:
+            if isinstance(case, ast.Call) and _callee(case) == "param":
+                items = case.args
+            else:
+                items = [case] if len(names) == 1 else getattr(case, "elts", None)
+            if items is None or len(items) != len(names) or any(isinstance(i, ast.Starred) for i in items):
+                return None
+            value = items[names.index(name)]
+            sp = _literal_span(value, text, lines)
+            if sp is None or (
+                regex and not (isinstance(value.value, str) and not _REGEX_META.search(value.value))
+            ):
+                return None
+            spans.append(sp)
+        return Expected(*spans[0], ops=("change",) if regex else _STRING_OPS, more=tuple(spans[1:]))
+    return None
 
 
 _REGEX_META = re.compile(r"[\\.^$*+?{}\[\]|()]")
 
 
-def _raises_match(node: ast.With, text: str, lines: list[str]) -> Expected | None:
+def _raises_match(node: ast.With) -> ast.expr | None:
+    """The ``match=`` of a ``with pytest.raises(E, match=...):`` block: a regex-free text literal, or a
+    name (a parameter's); else None."""
     if len(node.items) != 1 or not isinstance(node.items[0].context_expr, ast.Call):
         return None
     call = node.items[0].context_expr
@@ -282,14 +353,15 @@ def _raises_match(node: ast.With, text: str, lines: list[str]) -> Expected | Non
     if not (isinstance(f, ast.Attribute) and f.attr == "raises" and isinstance(f.value, ast.Name)):
         return None
     match = next((k.value for k in call.keywords if k.arg == "match"), None)
+    if isinstance(match, ast.Name):
+        return match
     if (
         not isinstance(match, ast.Constant)
         or not isinstance(match.value, str)
         or _REGEX_META.search(match.value)
     ):
         return None
-    span = _literal_span(match, text, lines)
-    return Expected(*span, ops=("change",)) if span else None
+    return match
 
 
 _ARITH = (ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)

@@ -153,7 +153,7 @@ def place(
             new_lines.extend(inserts.get(i, []))
         new = "\n".join(new_lines)
         try:
-            defined = set(_plain_tests(ast.parse(new), docstrings=True))  # the plan chose by family
+            defined = set(_plain_tests(ast.parse(new), docstrings=True, params=True))  # the plan chose
         except (SyntaxError, ValueError):
             continue
         if placed and all((c.cls, c.name) in defined for c in placed):

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .canary import DJANGO, F2P, MUST_FAIL, MUST_PASS, ORIGINAL, P2P, PYTEST, SYMPY, Canary
-from .canary_literals import _check_literal, _failing_edit, _offset, cluster
+from .canary_literals import _check_literal, _failing_edit, _offset, cluster, parametrize
 
 # a unit: (module, class, function) a P2P id names; module only for Django, class "" at module level
 Unit = tuple[str, str, str]
@@ -27,17 +27,20 @@ def _named_files(test_command: str) -> list[str]:
 
 
 def units_by_file(
-    pass_to_pass: Sequence[str], test_command: str = "", family: str = PYTEST
+    pass_to_pass: Sequence[str], test_command: str = "", family: str = PYTEST, *, cases: bool = False
 ) -> dict[str, set[Unit]]:
     """The Python test files whose PASS_TO_PASS tests can be cloned, each with its tests as units.
 
-    pytest: ``path::name`` or ``path::Class::name`` (files the command names, when it names any); Django:
+    pytest: ``path::name`` or ``path::Class::name`` (with ``cases``, a parametrized test's ``name[...]``
+    too: FAIL_TO_PASS twins), files the command names when it names any; Django:
     ``name (module.Class)``, the file ``tests/<module>.py`` (Django's layout) or ``<module>.py``; sympy:
     bare names, so every file the command names, with every name (only those it defines are cloned)."""
     out: dict[str, set[Unit]] = {}
     if family == PYTEST:
         for t in pass_to_pass:
             parts = t.split("::")
+            if cases and parts[-1].endswith("]") and "[" in parts[-1]:
+                parts[-1] = parts[-1][: parts[-1].index("[")]
             if 2 <= len(parts) <= 3 and parts[0].endswith(".py") and all(p.isidentifier() for p in parts[1:]):
                 out.setdefault(parts[0], set()).add(("", parts[1] if len(parts) == 3 else "", parts[-1]))
         named = {f for f in out if f in test_command}
@@ -73,14 +76,15 @@ _UNCLONABLE_DECORATOR = re.compile(
 )
 
 
-def _plain(fn, method: bool) -> bool:
+def _plain(fn, method: bool, params: bool = False) -> bool:
     """``def test_x(...)`` a clone behaves exactly like: positional arguments without defaults (pytest's
-    fixtures; ``self`` first in a class), decorators that keep its one id and its outcome (marks such as
-    ``usefixtures``, ``mock.patch``, ``given``)."""
+    fixtures; ``self`` first in a class), decorators that keep its ids and its outcome (marks such as
+    ``usefixtures``, ``mock.patch``, ``given``; with ``params``, ``pytest.mark.parametrize`` too)."""
     a = getattr(fn, "args", None)
     if not isinstance(fn, ast.FunctionDef) or a is None or not fn.name.startswith("test"):
         return False
-    if any(_UNCLONABLE_DECORATOR.search(ast.unparse(d)) for d in fn.decorator_list):
+    marks = [d for d in fn.decorator_list if not (params and parametrize(d))]
+    if any(_UNCLONABLE_DECORATOR.search(ast.unparse(d)) for d in marks):
         return False
     if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults:
         return False
@@ -100,10 +104,12 @@ def _once(body) -> dict[str, list]:
     return {n: nodes[0] for n, nodes in seen.items() if len(nodes) == 1}
 
 
-def _plain_tests(tree: ast.Module, *, docstrings: bool = False) -> dict[tuple[str, str], ast.FunctionDef]:
-    """(class, name) -> plain test defined once: module-level functions, and methods of module-level
-    classes defined once (class "" for module level); a method with a docstring only with ``docstrings``
-    (pytest's runners never print it; unittest's verbose one prints its first line instead of the id)."""
+def _plain_tests(
+    tree: ast.Module, *, docstrings: bool = False, params: bool = False
+) -> dict[tuple[str, str], ast.FunctionDef]:
+    """(class, name) -> plain test (``_plain``) defined once: module-level functions, and methods of classes
+    defined once (class "" for module level); a method with a docstring only with ``docstrings`` (pytest's
+    runners never print it; unittest's verbose one prints its first line instead of the id)."""
     out: dict[tuple[str, str], ast.FunctionDef] = {}
     # a class another class of the module derives from would run a test put into it twice, once under
     # an id the host does not know
@@ -115,13 +121,13 @@ def _plain_tests(tree: ast.Module, *, docstrings: bool = False) -> dict[tuple[st
         if isinstance(b, ast.Name)
     }
     for name, node in _once(tree.body).items():
-        if isinstance(node, ast.FunctionDef) and _plain(node, method=False):
+        if isinstance(node, ast.FunctionDef) and _plain(node, method=False, params=params):
             out[("", name)] = node
         elif isinstance(node, ast.ClassDef) and name not in bases:
             for mname, m in _once(node.body).items():
                 if (
                     isinstance(m, ast.FunctionDef)
-                    and _plain(m, method=True)
+                    and _plain(m, method=True, params=params)
                     and (docstrings or not ast.get_docstring(m))
                 ):
                     out[(name, mname)] = m
@@ -216,6 +222,8 @@ def plan_for_file(
     f2p_modules = {(c, n): m for m, c, n in fail_to_pass}
     tests = _plain_tests(tree, docstrings=family == PYTEST)
     plain = {k: fn for k, fn in tests.items() if k in modules}
+    # FAIL_TO_PASS tests may be parametrized (pytest): a twin keeps the cases and moves each one's expectation
+    tests = _plain_tests(tree, docstrings=family == PYTEST, params=family == PYTEST)
     f2p = {k: fn for k, fn in tests.items() if k in f2p_modules and k not in modules}
     if not plain and not (f2p and twins):
         return []
@@ -233,8 +241,11 @@ def plan_for_file(
         new = _new_name(taken, siblings or sorted(n for n in taken if n.startswith("test")), rng)
         taken.add(new)
         module = (modules if of == P2P else f2p_modules)[key]
+        params = any(map(parametrize, fn.decorator_list))
         out.append(
-            Canary(path, new, expect, _renamed(fn, src, new), fn.name, cls, family, module, of, replaces)
+            Canary(
+                path, new, expect, _renamed(fn, src, new), fn.name, cls, family, module, of, replaces, params
+            )
         )
 
     def failing(table, limit, of, **kw):
@@ -264,24 +275,39 @@ def plan_for_file(
             break
         fn = f2p[key]
         want = _check_literal(fn, text, lines, rng)
-        values = (
-            cluster(text[want.start : want.end], per_test, rng, hide=decoy, ops=want.ops, ok=want.ok)
-            if want
-            else None
-        )
-        if not values:
+        spans = sorted(want.spans, reverse=True) if want else []
+        drawn = [cluster(text[s:e], per_test, rng, hide=decoy, ops=want.ops, ok=want.ok) for s, e in spans]
+        if not drawn or not all(drawn):
             continue
         s0 = _offset(lines, first_line(fn), 0)
         e0 = _offset(lines, fn.end_lineno, fn.end_col_offset)
-        sources = [text[s0 : want.start] + v + text[want.end : e0] for v in values]
+        sources = []
+        for j in range(len(drawn[0])):  # twin j: every case's literal moved to its j-th neighbour
+            src = text[s0:e0]
+            for (s, e), values in zip(spans, drawn, strict=True):
+                src = src[: s - s0] + values[j] + src[e - s0 :]
+            sources.append(src)
         # the test itself: under a drawn name like its twins' (``rename``; read back under its own id),
         # and in a decoy run with its expected literal moved too, so no run shows an original
         own = sources.pop() if decoy else text[s0:e0]
         if rename:
             clone(key, fn, MUST_FAIL if decoy else ORIGINAL, own, F2P, replaces=True)
         elif decoy:
+            params = any(map(parametrize, fn.decorator_list))
             out.append(
-                Canary(path, fn.name, MUST_FAIL, own, fn.name, key[0], family, f2p_modules[key], F2P, True)
+                Canary(
+                    path,
+                    fn.name,
+                    MUST_FAIL,
+                    own,
+                    fn.name,
+                    key[0],
+                    family,
+                    f2p_modules[key],
+                    F2P,
+                    True,
+                    params,
+                )
             )
         for src in sources:
             clone(key, fn, MUST_FAIL, src, F2P)
@@ -320,7 +346,9 @@ def plan_canaries(
     (``Canary.replaces``), so no original is run."""
     rng = rng or random.SystemRandom()
     units = units_by_file(pass_to_pass, test_command, family)
-    f2p_units = units_by_file(fail_to_pass, test_command, family) if fail_to_pass and twins else {}
+    f2p_units = (
+        units_by_file(fail_to_pass, test_command, family, cases=True) if fail_to_pass and twins else {}
+    )
     if rename is None:  # a command that names a FAIL_TO_PASS test would not run it under another name
         rename = not any(t.split("::")[-1].split(" ")[0] in test_command for t in fail_to_pass)
     paths = [p for p, t in files.items() if t and units.get(p)]

@@ -4,9 +4,9 @@ sandboxes, with the tamper scan off so the canaries and the decoy run alone must
 appends to ``calclib/__init__.py`` and fixes nothing.
 
 Through the rollouts' evaluation (``evaluate_agent_patch``: one decoy run after a resolved run) a family is
-never paid on a task whose gold runs carry FAIL_TO_PASS twins; on the tasks without (parametrized, no
-expected literal in the body: calclib-4, 9) it may be, and those are exactly the tasks validation lists under
-``without_f2p_twins`` and GRPO leaves out (``sweflow.stages.train.guarded_rows``). Through validation, a row
+never paid on a task whose gold runs carry FAIL_TO_PASS twins; on the one task without (calclib-9: its
+parametrized test derives its expected text from its input) it may be, and that is the task validation
+lists under ``without_f2p_twins`` and GRPO leaves out (``sweflow.stages.train.guarded_rows``). Through validation, a row
 whose "gold" patch is a forger is never valid where the gold runs carry twins (the decoy run included;
 validation keeps its tamper scan, which names ``runtest``).
 Rates over many evaluations: benchmarks/bench_forge_rate.py.
@@ -34,8 +34,9 @@ except ModuleNotFoundError:  # pragma: no cover
 pytestmark = [pytest.mark.integration]
 
 IDS = instance_ids(None)
-# the sample tasks whose FAIL_TO_PASS tests get no twin: parametrized, with no expected literal in the body
-TWINLESS = {"sweflow__calclib-4", "sweflow__calclib-9"}
+# the sample task whose FAIL_TO_PASS tests get no twin: no expected literal (``match=text.split("(")[0]``);
+# calclib-4's are parametrized with the literal in the body, and get parametrized twins
+TWINLESS = {"sweflow__calclib-9"}
 
 
 @pytest.fixture(scope="module", params=["docker", "local"])

@@ -293,15 +293,20 @@ def test_twin_clusters_and_decoy_stand_ins_fail_with_and_without_every_sample_fi
         for c in (
             c for c in placed if c.expect != canary.ORIGINAL
         ):  # unfixed, a twin may hit the bug's value
-            assert fixed.get(c.test_id) == "FAILED", (c, placed.writes)
-            assert unfixed.get(c.test_id) in ("FAILED", "PASSED")
+            assert c.status_in(fixed) == "FAILED", (c, placed.writes)
+            assert c.status_in(unfixed) in ("FAILED", "PASSED")
+            if c.params:  # every case of a parametrized twin fails with the fix
+                assert {fixed[k] for k in c.cases(fixed)} == {"FAILED"}
+                own = [t for t in task["FAIL_TO_PASS"] if t.split("::")[-1].split("[")[0] == c.cloned_from]
+                assert len(c.cases(fixed)) >= len(own) > 0
             assert not canary.forged_pass(placed, unfixed) or decoy  # an honest wrong patch is not named
         if not decoy:
             got = [fixed.get(t) for t in task["FAIL_TO_PASS"]]
             assert got == ["PASSED"] * len(got)
-    # the tasks whose FAIL_TO_PASS tests are parametrized (no expected literal in the body) carry no cluster;
-    # calclib-2's compare with constructed objects (Binary("^", Num(2), ...)): a moved argument literal
-    assert (clustered > 0) == (iid not in {"sweflow__calclib-4", "sweflow__calclib-9"})
+    # calclib-9's parametrized F2P test derives its expected text from its input (``match=text.split(...)``):
+    # no literal to move; calclib-4's is parametrized with the literal in its body, calclib-2's compare with
+    # constructed objects (Binary("^", Num(2), ...)): a moved argument literal
+    assert (clustered > 0) == (iid != "sweflow__calclib-9")
 
 
 @pytest.mark.parametrize(
@@ -339,3 +344,90 @@ def test_pytest_methods_with_a_docstring_are_clonable_unittest_ones_not():
     )
     assert ("TestA", "test_x") in _plain_tests(tree, docstrings=True)
     assert ("TestA", "test_x") not in _plain_tests(tree)  # unittest's verbose runner prints the docstring
+
+
+_PARAM_TESTS = """import pytest
+
+from mod import area, check
+
+
+def test_base():
+    assert area(0, 0) == 0
+
+
+@pytest.mark.parametrize("w, h, expected", [(2, 3, 6), pytest.param(4, 5, 20, id="big"), (1, 7, 7)])
+def test_area(w, h, expected):
+    assert area(w, h) == expected
+
+
+@pytest.mark.parametrize("value", [-1, -5])
+def test_negative(value):
+    with pytest.raises(ValueError, match="negative size"):
+        check(value)
+
+
+@pytest.mark.parametrize(("value", "message"), [(0, "empty size"), (99, "huge size")])
+def test_message(value, message):
+    with pytest.raises(ValueError, match=message):
+        check(value)
+"""
+_BUGGY = "def area(w, h):\n    return w + h\n\n\ndef check(v):\n    return v\n"
+_FIXED = (
+    "def area(w, h):\n    return w * h\n\n\ndef check(v):\n    if v < 0:\n        raise ValueError('negative size')\n"
+    "    if v == 0:\n        raise ValueError('empty size')\n    if v > 50:\n        raise ValueError('huge size')\n"
+)
+
+
+@pytest.mark.parametrize("decoy", [False, True])
+def test_parametrized_fail_to_pass_tests_get_twins_whose_every_case_fails(tmp_path, decoy):
+    """A parametrized FAIL_TO_PASS test gets twins too: its expected value in the body (``match="..."``) or in
+    its cases (``== expected``, ``match=message``) moved in every case; each case of a twin fails with the
+    fix and without it, and a forger that no-ops every new test passes them all (named)."""
+    path = "tests/test_m.py"
+    (tmp_path / "tests").mkdir()
+    (tmp_path / path).write_text(_PARAM_TESTS)
+    (tmp_path / "mod.py").write_text(_BUGGY)
+    f2p = [f"{path}::test_area[2-3-6]", f"{path}::test_area[big]", f"{path}::test_area[1-7-7]"]
+    f2p += [f"{path}::test_negative[-1]", f"{path}::test_negative[-5]"]
+    f2p += [f"{path}::test_message[0-empty size]", f"{path}::test_message[99-huge size]"]
+    plan = canary_plan.plan_canaries(
+        {path: _PARAM_TESTS}, [f"{path}::test_base"], random.Random(3), fail_to_pass=f2p, decoy=decoy,
+        twins=6, per_test=2,
+    )  # fmt: skip
+    twins = [c for c in plan if c.of == canary.F2P and c.expect == canary.MUST_FAIL]
+    assert {c.cloned_from for c in twins} == {"test_area", "test_negative", "test_message"}
+    assert all(c.params for c in twins)
+    placed = canary_place.place(plan, {path: _PARAM_TESTS}, random.Random(3))
+    assert len(placed) == len(plan)
+    (tmp_path / path).write_text(placed.writes[path])
+    unfixed = _pytest(tmp_path, path, planted=placed)
+    (tmp_path / "mod.py").write_text(_FIXED)
+    fixed = _pytest(tmp_path, path, planted=placed)
+    for c in twins:
+        assert len(c.cases(fixed)) in (2, 3), c
+        assert {fixed[k] for k in c.cases(fixed)} == {"FAILED"}, (c, placed.writes[path])
+        assert c.status_in(unfixed) == "FAILED"
+    assert canary.check_canaries(placed, fixed, 1) is None
+    logged = [t.split(" ")[0] for t in f2p]  # pytest's -rA lines, split at spaces as the harness parsers do
+    assert not (set(canary.without(fixed, placed)) - {*logged, f"{path}::test_base"})  # no canary case left
+    if not decoy:  # the originals ran under drawn names, read back under their own ids
+        assert all(fixed[t] == "PASSED" for t in logged) and all(unfixed[t] == "FAILED" for t in logged)
+    forged = {k: "PASSED" for k in fixed}  # a runner that no-ops every test
+    assert canary.forged_pass(placed, forged, twins=True)
+    assert canary.check_canaries(placed, forged, 0).startswith("runner_tampered")
+
+
+def test_a_parameter_read_besides_the_check_is_not_moved():
+    """``expected`` used as an input too (or a regex ``match=`` case) would make a moved case test something
+    else: no twin."""
+    from sweflow.grading.canary_literals import _check_literal
+
+    for text in (
+        "@pytest.mark.parametrize('x, expected', [(1, 2)])\ndef test_a(x, expected):\n"
+        "    assert f(x, expected) == expected\n",
+        "@pytest.mark.parametrize('m', ['a.b'])\ndef test_b(m):\n    with pytest.raises(E, match=m):\n        g()\n",
+        "@pytest.mark.parametrize('x, expected', [(1, some_value)])\ndef test_c(x, expected):\n"
+        "    assert f(x) == expected\n",
+    ):
+        fn = ast.parse(text).body[0]
+        assert _check_literal(fn, text, text.split("\n"), random.Random(0)) is None, text
