@@ -22,6 +22,7 @@ rule evaluate_checkpoint:
         "logs/{dataset}/evaluate_checkpoint/{split}/{checkpoint}.log",
     wildcard_constraints:
         checkpoint=r"base|warm_start|grpo|sft",
+    priority: 10
     conda:
         "../envs/train-verl.yaml" if EVAL_VLLM else "../envs/train.yaml"
     threads: config["evaluate"]["parallel"]

@@ -69,6 +69,9 @@ rule warm_start:
         summary="results/{dataset}/warm_start/{model}/summary.json",
     log:
         "logs/{dataset}/warm_start/{model}.log",
+    # the embedded run's critical path (e2e check -> warm start -> GRPO -> its evaluation): scheduled before
+    # the SWE-smith validations that would otherwise hold the cores (local scheduling only)
+    priority: 10
     conda:
         "../envs/train.yaml"
     params:
@@ -105,6 +108,7 @@ rule train_grpo:
         final=directory("results/{dataset}/grpo/{run}/final"),
     log:
         "logs/{dataset}/train_grpo/{run}.log",
+    priority: 10
     # Slurm's time limit (sweflow.train.preempt, docs/slurm.md): the trainer saves and stops at a step boundary
     # before it, and a new job resumes from that checkpoint, as often as the run has save intervals
     retries: GRPO_RETRIES
