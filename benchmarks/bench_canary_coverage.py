@@ -30,7 +30,13 @@ from pathlib import Path
 import sweflow.grading.canary  # noqa: F401  (the old module's relative import finds it)
 from sweflow.grading import canary_plan as new
 from sweflow.grading.canary import MUST_FAIL, P2P
-from sweflow.grading.canary_literals import _ASSERT_EQUAL, _REGEX_META, _check_literal, _self_call
+from sweflow.grading.canary_literals import (
+    _ASSERT_EQUAL,
+    _REGEX_META,
+    _check_literal,
+    _self_call,
+    parametrize,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_DIRS = {"test", "tests", "testing"}
@@ -100,7 +106,7 @@ def _self_method(s: ast.stmt) -> str:
 
 def why_not(fn, cls: str, plain: dict, param: bool) -> str:
     """Why the new planner gives this test function no twins."""
-    if param and (cls, fn.name) in plain:
+    if param and (cls, fn.name) in plain and not any(map(parametrize, fn.decorator_list)):
         return "parametrized by its class or @parameterized: no id is its name"
     if (cls, fn.name) not in plain:
         deco = " ".join(ast.unparse(d) for d in fn.decorator_list)

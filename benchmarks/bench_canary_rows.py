@@ -100,7 +100,7 @@ def twinless_why(row: dict) -> collections.Counter:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             continue
-        plain = new._plain_tests(tree, docstrings=True)
+        plain = new._plain_tests(tree, docstrings=True, params=True)
         for cls, fn, param in defined_tests(tree):
             if f"{path}::{'::'.join(filter(None, [cls, fn.name]))}" in wanted:
                 why[why_not(fn, cls, plain, param)] += 1
