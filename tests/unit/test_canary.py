@@ -431,3 +431,15 @@ def test_a_parameter_read_besides_the_check_is_not_moved():
     ):
         fn = ast.parse(text).body[0]
         assert _check_literal(fn, text, text.split("\n"), random.Random(0)) is None, text
+
+
+def test_a_parametrized_test_with_pass_to_pass_cases_gets_no_twin():
+    """New cases of a parametrized test that HEAD has: a twin would move HEAD's cases too, and the copy that
+    keeps HEAD's literals would be the original; none is made."""
+    path = "tests/test_m.py"
+    f2p = [f"{path}::test_area[2-3-6]", f"{path}::test_negative[-1]", f"{path}::test_negative[-5]"]
+    p2p = [f"{path}::test_base", f"{path}::test_area[big]", f"{path}::test_area[1-7-7]"]
+    plan = canary_plan.plan_canaries(
+        {path: _PARAM_TESTS}, p2p, random.Random(1), fail_to_pass=f2p, twins=6, per_test=2
+    )
+    assert {c.cloned_from for c in plan if c.of == canary.F2P} == {"test_negative"}
