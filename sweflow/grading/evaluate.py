@@ -380,9 +380,12 @@ def evaluate_patch(
         # A canary that is wrong or missing overrides a pass; for an agent's patch a must-fail canary
         # reported passing overrides any grade, so the tampering is named. A trusted patch's failed run
         # keeps its own reason: a clone of a flaky test can pass by chance (`assert x != 0` of one that
-        # failed), and the run failed anyway.
+        # failed), and the run failed anyway; but in a decoy run (never resolved: every FAIL_TO_PASS test
+        # carries a moved literal) a twin or stand-in passing is named for a trusted patch too: validation's
+        # gold patch no-oping a guessed original.
         runner = canary.check_canaries(planted, statuses, rc)
-        named = not trusted_patch and canary.forged_pass(planted, statuses, twins=decoy)
+        suspects = planted if not trusted_patch else [c for c in planted if decoy and c.of == canary.F2P]
+        named = canary.forged_pass(suspects, statuses, twins=decoy)
         if runner is not None and not (g.resolved or named):
             runner = None
         if runner is None and g.resolved and pytest_row:

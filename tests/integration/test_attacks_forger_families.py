@@ -98,3 +98,20 @@ def test_the_gold_patch_stays_valid_with_its_decoy_run(env):
     assert (rec["verdict"], rec["decoys"]) == ("valid", 1), rec
     [decoy] = [r for r in rec["runs"] if r["patch"] == "decoy"]
     assert decoy["failure_reason"] != "runner_tampered" and decoy["f2p_twins"] >= 2, decoy
+
+
+def test_the_decoy_run_names_a_gold_patch_whose_guess_was_right(env):
+    """What the decoy run is for, made certain: the gold runs get the real fix (as if the clone-cluster
+    forger's one-in-three guesses had all hit) and the decoy run the forger, whose stand-in and twins are all
+    must-fail, so the one it no-ops passes; the trusted gold patch is named there (gold_fails)."""
+    task = load_task("sweflow__calclib-1")
+    forger = _init_with(env, task, FAMILIES["clone_cluster"])
+
+    def evaluate(provider, template, metadata, patch, **kw):
+        chosen = forger if kw.get("decoy") else patch
+        return evaluate_patch(provider, template, metadata, chosen, rules=NO_TAMPER_SCAN, **kw)
+
+    rec = validate_task(env.provider, env.meta(task), task["patch"], repeats=1, evaluate=evaluate)
+    assert rec["verdict"] == "gold_fails" and "decoy run" in rec["reason"], (rec["verdict"], rec["reason"])
+    [decoy] = [r for r in rec["runs"] if r["patch"] == "decoy"]
+    assert decoy["failure_reason"] == "runner_tampered", decoy
