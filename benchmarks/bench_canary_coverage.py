@@ -35,7 +35,7 @@ from sweflow.grading.canary_literals import (
     _REGEX_META,
     _check_literal,
     _self_call,
-    parametrize,
+    parametrized,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def _self_method(s: ast.stmt) -> str:
 
 def why_not(fn, cls: str, plain: dict, param: bool) -> str:
     """Why the new planner gives this test function no twins."""
-    if param and (cls, fn.name) in plain and not any(map(parametrize, fn.decorator_list)):
+    if param and (cls, fn.name) in plain and not parametrized(fn):
         return "parametrized by its class or @parameterized: no id is its name"
     if (cls, fn.name) not in plain:
         deco = " ".join(ast.unparse(d) for d in fn.decorator_list)

@@ -293,6 +293,11 @@ def parametrize(d: ast.expr) -> ast.Call | None:
     return d if ok and f.value.attr == "mark" and not any(k.arg == "indirect" for k in d.keywords) else None
 
 
+def parametrized(fn: ast.FunctionDef) -> bool:
+    """Whether a ``pytest.mark.parametrize`` decorator (``parametrize``) makes the test's cases."""
+    return any(map(parametrize, fn.decorator_list))
+
+
 def _argnames(node: ast.expr) -> list[str] | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [n.strip() for n in node.value.split(",") if n.strip()]
@@ -331,9 +336,7 @@ def _param_literals(
                 return None
             value = items[names.index(name)]
             sp = _literal_span(value, text, lines)
-            if sp is None or (
-                regex and not (isinstance(value.value, str) and not _REGEX_META.search(value.value))
-            ):
+            if sp is None or (regex and not _regex_free(value)):
                 return None
             spans.append(sp)
         return Expected(*spans[0], ops=("change",) if regex else _STRING_OPS, more=tuple(spans[1:]))
@@ -341,6 +344,13 @@ def _param_literals(
 
 
 _REGEX_META = re.compile(r"[\\.^$*+?{}\[\]|()]")
+
+
+def _regex_free(node: ast.expr) -> bool:
+    """A text literal that ``re.search`` reads as itself (a ``match=`` text a letter change keeps plain)."""
+    return (
+        isinstance(node, ast.Constant) and isinstance(node.value, str) and not _REGEX_META.search(node.value)
+    )
 
 
 def _raises_match(node: ast.With) -> ast.expr | None:
@@ -353,15 +363,7 @@ def _raises_match(node: ast.With) -> ast.expr | None:
     if not (isinstance(f, ast.Attribute) and f.attr == "raises" and isinstance(f.value, ast.Name)):
         return None
     match = next((k.value for k in call.keywords if k.arg == "match"), None)
-    if isinstance(match, ast.Name):
-        return match
-    if (
-        not isinstance(match, ast.Constant)
-        or not isinstance(match.value, str)
-        or _REGEX_META.search(match.value)
-    ):
-        return None
-    return match
+    return match if isinstance(match, ast.Name) or (match is not None and _regex_free(match)) else None
 
 
 _ARITH = (ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.USub, ast.UAdd)

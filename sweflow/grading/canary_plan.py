@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .canary import DJANGO, F2P, MUST_FAIL, MUST_PASS, ORIGINAL, P2P, PYTEST, SYMPY, Canary
-from .canary_literals import _check_literal, _failing_edit, _offset, cluster, parametrize
+from .canary_literals import _check_literal, _failing_edit, _offset, cluster, parametrize, parametrized
 
 # a unit: (module, class, function) a P2P id names; module only for Django, class "" at module level
 Unit = tuple[str, str, str]
@@ -220,10 +220,10 @@ def plan_for_file(
     )
     modules = {(c, n): m for m, c, n in units}
     f2p_modules = {(c, n): m for m, c, n in fail_to_pass}
-    tests = _plain_tests(tree, docstrings=family == PYTEST)
-    plain = {k: fn for k, fn in tests.items() if k in modules}
-    # FAIL_TO_PASS tests may be parametrized (pytest): a twin keeps the cases and moves each one's expectation
+    # FAIL_TO_PASS tests may be parametrized (pytest): a twin keeps the cases and moves each one's expectation;
+    # PASS_TO_PASS clones stay unparametrized
     tests = _plain_tests(tree, docstrings=family == PYTEST, params=family == PYTEST)
+    plain = {k: fn for k, fn in tests.items() if k in modules and not parametrized(fn)}
     f2p = {k: fn for k, fn in tests.items() if k in f2p_modules and k not in modules}
     if not plain and not (f2p and twins):
         return []
@@ -241,12 +241,12 @@ def plan_for_file(
         new = _new_name(taken, siblings or sorted(n for n in taken if n.startswith("test")), rng)
         taken.add(new)
         module = (modules if of == P2P else f2p_modules)[key]
-        params = any(map(parametrize, fn.decorator_list))
         out.append(
             Canary(
-                path, new, expect, _renamed(fn, src, new), fn.name, cls, family, module, of, replaces, params
+                path, new, expect, _renamed(fn, src, new), fn.name, cls, family, module, of, replaces,
+                parametrized(fn),
             )
-        )
+        )  # fmt: skip
 
     def failing(table, limit, of, **kw):
         keys = sorted(table)
@@ -293,22 +293,12 @@ def plan_for_file(
         if rename:
             clone(key, fn, MUST_FAIL if decoy else ORIGINAL, own, F2P, replaces=True)
         elif decoy:
-            params = any(map(parametrize, fn.decorator_list))
             out.append(
                 Canary(
-                    path,
-                    fn.name,
-                    MUST_FAIL,
-                    own,
-                    fn.name,
-                    key[0],
-                    family,
-                    f2p_modules[key],
-                    F2P,
-                    True,
-                    params,
+                    path, fn.name, MUST_FAIL, own, fn.name, key[0], family, f2p_modules[key], F2P, True,
+                    parametrized(fn),
                 )
-            )
+            )  # fmt: skip
         for src in sources:
             clone(key, fn, MUST_FAIL, src, F2P)
         left -= per_test
